@@ -1,0 +1,69 @@
+"""Agreement across ranks before any communication of data.
+
+Each rank validates its own inputs and turns a problem into an exception
+object instead of raising it.  :func:`raise_together` then exchanges one small
+message per rank, so that every rank raises (its own error, or a
+:class:`RemoteError` naming the rank at fault) or none does.  No rank is left
+waiting in a collective that its peers never enter.
+"""
+
+import hashlib
+
+from .errors import MismatchError, RemoteError
+
+__all__ = ["check", "raise_together", "fingerprint", "agree_on"]
+
+
+def check(fn, *args, **kwargs):
+    """Call ``fn``; return the ValueError it raises (or None) instead of raising."""
+    try:
+        fn(*args, **kwargs)
+    except ValueError as exc:
+        return exc
+    return None
+
+
+def raise_together(comm, error, what="mpiredist"):
+    """Raise on every rank of ``comm`` if ``error`` is not None on any rank.
+
+    ``error`` is this rank's exception (or None).  Costs one small allgather.
+    """
+    agree_on(comm, what, error)
+
+
+def fingerprint(*values):
+    """A short stable digest of the ``str`` of ``values``."""
+    text = "\x1f".join(str(v) for v in values)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def agree_on(comm, what, error=None, **values):
+    """Raise on every rank unless all ranks pass the same ``values``.
+
+    ``what`` names the call in the message; ``error`` is this rank's own
+    validation error, combined into the same exchange.
+    """
+    if comm is None or comm.Get_size() == 1:
+        if error is not None:
+            raise error
+        return
+    mine = {k: str(v) for k, v in values.items()}
+    text = None if error is None else f"{type(error).__name__}: {error}"
+    gathered = comm.allgather((text, mine))
+    raise_together_from(gathered, error, what, comm.Get_rank())
+
+
+def raise_together_from(gathered, error, what, rank):
+    bad = [(r, t) for r, (t, _) in enumerate(gathered) if t is not None]
+    if bad:
+        if error is not None:
+            raise error
+        r, first = bad[0]
+        more = f" (and {len(bad) - 1} more rank(s))" if len(bad) > 1 else ""
+        raise RemoteError(f"{what}: rank {r} rejected the call{more}: {first}")
+    ref = gathered[0][1]
+    for r, (_, vals) in enumerate(gathered):
+        for key in ref:
+            if vals.get(key) != ref[key]:
+                raise MismatchError(f"{what}: ranks disagree on {key}: rank 0 has "
+                                    f"{ref[key]}, rank {r} has {vals.get(key)}")

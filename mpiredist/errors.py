@@ -1,0 +1,49 @@
+"""Exceptions raised by mpiredist.
+
+Every user error is a subclass of :class:`ValueError` whose message names the
+object at fault (layout, mesh axis, shape, rank), what was expected and what
+was found.  Failures inside MPI become :class:`CommunicationError`.
+"""
+
+__all__ = [
+    "MpiredistError",
+    "LayoutError",
+    "MeshError",
+    "ShapeError",
+    "PlanError",
+    "MismatchError",
+    "RemoteError",
+    "CommunicationError",
+]
+
+
+class MpiredistError(Exception):
+    """Base class of every exception raised by mpiredist."""
+
+
+class LayoutError(MpiredistError, ValueError):
+    """A layout is malformed or does not fit the mesh or the array."""
+
+
+class MeshError(MpiredistError, ValueError):
+    """A mesh is malformed or does not match its communicator."""
+
+
+class ShapeError(MpiredistError, ValueError):
+    """A global shape, local block or dtype is not what the layout implies."""
+
+
+class PlanError(MpiredistError, ValueError):
+    """A redistribution that no strategy can express (e.g. creating partials)."""
+
+
+class MismatchError(MpiredistError, ValueError):
+    """Ranks disagree on the arguments of a collective call."""
+
+
+class RemoteError(MpiredistError, ValueError):
+    """Another rank found bad input; raised on the ranks that did not."""
+
+
+class CommunicationError(MpiredistError, RuntimeError):
+    """An MPI call failed while a plan step was running."""

@@ -1,0 +1,168 @@
+"""Layouts: which mesh axes shard which array dimension.
+
+Text form (``parse`` and ``str`` round-trip)::
+
+    [{x,y}, {}]            dim 0 over x (major) and y (minor), dim 1 whole
+    [{x}, {}] sum{y}       plus partial sums over y
+    [{}, {}]               fully replicated
+"""
+
+import re
+
+from .errors import LayoutError
+
+__all__ = ["Layout", "REDUCE_OPS"]
+
+REDUCE_OPS = ("sum", "max", "min", "prod")
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_TEXT = re.compile(r"\s*\[(?P<dims>[^\]]*)\]\s*(?:(?P<op>[a-z]+)\s*\{(?P<partial>[^}]*)\}\s*)?\Z")
+
+
+def _names(text, where):
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for n in names:
+        if not _NAME.match(n):
+            raise LayoutError(f"layout {where!r}: {n!r} is not an axis name")
+    return names
+
+
+def _parse_dims(body, text):
+    body = body.strip()
+    if not body:
+        return ()
+    dims = []
+    rest = body
+    while rest:
+        m = re.match(r"\s*\{([^{}]*)\}\s*(,|\Z)", rest)
+        if not m:
+            raise LayoutError(f"layout {text!r}: expected '{{axes}}' per dimension, "
+                              f"found {rest.strip()!r}")
+        dims.append(_names(m.group(1), text))
+        rest = rest[m.end():]
+        if m.group(2) == "," and not rest.strip():
+            raise LayoutError(f"layout {text!r}: trailing comma")
+    return tuple(dims)
+
+
+class Layout:
+    """Per-dimension mesh axes (major to minor), plus optional partial axes.
+
+    Parameters
+    ----------
+    dims : sequence of sequences of str
+        For each array dimension, the mesh axes that shard it, major first.
+    partial : sequence of str, optional
+        Mesh axes over which every rank holds a partial result.
+    op : {"sum", "max", "min", "prod"}
+        The reduction that combines partial results.
+
+    Examples
+    --------
+    >>> Layout.parse("[{x,y}, {}] sum{z}")
+    Layout(dims=(('x', 'y'), ()), partial=('z',), op='sum')
+    """
+
+    __slots__ = ("dims", "partial", "op")
+
+    def __init__(self, dims, partial=(), op="sum"):
+        if isinstance(dims, str):
+            raise LayoutError(f"Layout({dims!r}): use Layout.parse for the text form")
+        dims = tuple(tuple(d) if not isinstance(d, str) else (d,) for d in dims)
+        partial = (partial,) if isinstance(partial, str) else tuple(partial)
+        if op not in REDUCE_OPS:
+            raise LayoutError(f"layout reduction {op!r} is not one of {REDUCE_OPS}")
+        object.__setattr__(self, "dims", dims)
+        object.__setattr__(self, "partial", partial)
+        object.__setattr__(self, "op", op)
+        self._check_names()
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Layout is immutable")
+
+    def _check_names(self):
+        seen = set()
+        for axis in self.axes_used() + self.partial:
+            if not isinstance(axis, str) or not _NAME.match(axis):
+                raise LayoutError(f"layout {self}: {axis!r} is not an axis name")
+            if axis in seen:
+                raise LayoutError(f"layout {self}: mesh axis {axis!r} is used twice")
+            seen.add(axis)
+
+    @classmethod
+    def parse(cls, text):
+        """Parse the text form, e.g. ``"[{x,y}, {}] sum{z}"``."""
+        if isinstance(text, Layout):
+            return text
+        if not isinstance(text, str):
+            raise LayoutError(f"layout must be text like '[{{x}}, {{}}]', found {text!r}")
+        m = _TEXT.match(text)
+        if not m:
+            raise LayoutError(f"layout {text!r}: expected '[{{axes}}, ...]' "
+                              "optionally followed by 'sum{axes}'")
+        dims = _parse_dims(m.group("dims"), text)
+        partial, op = (), "sum"
+        if m.group("op"):
+            op = m.group("op")
+            if op not in REDUCE_OPS:
+                raise LayoutError(f"layout {text!r}: reduction {op!r} is not one of {REDUCE_OPS}")
+            partial = _names(m.group("partial"), text)
+        return cls(dims, partial, op)
+
+    @classmethod
+    def replicated(cls, ndim):
+        """The fully replicated layout of an ``ndim``-dimensional array."""
+        return cls(((),) * ndim)
+
+    @classmethod
+    def from_dict(cls, spec):
+        """Build from ``{"dims": [[...], ...], "partial": [...], "op": ...}``."""
+        return cls(spec["dims"], spec.get("partial", ()), spec.get("op", "sum"))
+
+    @property
+    def ndim(self):
+        return len(self.dims)
+
+    def axes_used(self):
+        """Mesh axes that shard some dimension, in dimension order."""
+        return tuple(a for d in self.dims for a in d)
+
+    def validate(self, mesh, ndim=None):
+        """Raise :class:`LayoutError` unless this layout fits ``mesh`` and ``ndim``."""
+        names = set(mesh.names)
+        for axis in self.axes_used() + self.partial:
+            if axis not in names:
+                raise LayoutError(f"layout {self} uses axis {axis!r}, which mesh {mesh} "
+                                  f"does not have (its axes are {list(mesh.names)})")
+        if ndim is not None and ndim != self.ndim:
+            raise LayoutError(f"layout {self} has {self.ndim} dimension(s) but the array "
+                              f"has {ndim}")
+        return self
+
+    def without_partial(self):
+        return Layout(self.dims)
+
+    def to_dict(self):
+        out = {"dims": [list(d) for d in self.dims]}
+        if self.partial:
+            out["partial"] = list(self.partial)
+            out["op"] = self.op
+        return out
+
+    def _key(self):
+        return (self.dims, self.partial, self.op if self.partial else "sum")
+
+    def __eq__(self, other):
+        return isinstance(other, Layout) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(("Layout",) + self._key())
+
+    def __repr__(self):
+        return f"Layout(dims={self.dims!r}, partial={self.partial!r}, op={self.op!r})"
+
+    def __str__(self):
+        text = "[" + ", ".join("{" + ",".join(d) + "}" for d in self.dims) + "]"
+        if self.partial:
+            text += f" {self.op}{{" + ",".join(self.partial) + "}"
+        return text

@@ -8,7 +8,7 @@ from .errors import (CommunicationError, LayoutError, MeshError, MismatchError,
                      MpiredistError, PlanError, RemoteError, ShapeError)
 from .layout import Layout
 from .mesh import Mesh
-from .plan import Plan, Step
+from .plans import Plan, Step
 
 __version__ = "0.1.0"
 

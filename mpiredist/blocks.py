@@ -7,6 +7,7 @@ block is known without communication.
 """
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -62,8 +63,12 @@ def rank_block(global_shape, sublayout, digits):
                  for n, d in zip(global_shape, sublayout.dims))
 
 
+@lru_cache(maxsize=256)
 def all_blocks(global_shape, sublayout, mesh_axes):
-    """Per-dim ``(starts, stops)`` int arrays over all ranks (vectorised)."""
+    """Per-dim ``(starts, stops)`` int arrays over all ranks (vectorised, cached).
+
+    ``global_shape`` must be a tuple; the arrays are read-only.
+    """
     digits = all_digits(mesh_axes)
     size = math.prod(s for _, s in mesh_axes)
     out = []
@@ -72,8 +77,11 @@ def all_blocks(global_shape, sublayout, mesh_axes):
         for s in d:
             p = p * s.size + digits[s]
         c = chunk(n, group_size(d))
-        out.append((np.minimum(p * c, n), np.minimum((p + 1) * c, n)))
-    return out
+        lo, hi = np.minimum(p * c, n), np.minimum((p + 1) * c, n)
+        lo.setflags(write=False)
+        hi.setflags(write=False)
+        out.append((lo, hi))
+    return tuple(out)
 
 
 def overlap(a, b):

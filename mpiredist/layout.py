@@ -8,6 +8,7 @@ Text form (``parse`` and ``str`` round-trip)::
 """
 
 import re
+from functools import lru_cache
 
 from .errors import LayoutError
 
@@ -16,6 +17,7 @@ __all__ = ["Layout", "REDUCE_OPS"]
 REDUCE_OPS = ("sum", "max", "min", "prod")
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_DIM = re.compile(r"\s*\{([^{}]*)\}\s*(,|\Z)")
 _TEXT = re.compile(r"\s*\[(?P<dims>[^\]]*)\]\s*(?:(?P<op>[a-z]+)\s*\{(?P<partial>[^}]*)\}\s*)?\Z")
 
 
@@ -34,7 +36,7 @@ def _parse_dims(body, text):
     dims = []
     rest = body
     while rest:
-        m = re.match(r"\s*\{([^{}]*)\}\s*(,|\Z)", rest)
+        m = _DIM.match(rest)
         if not m:
             raise LayoutError(f"layout {text!r}: expected '{{axes}}' per dimension, "
                               f"found {rest.strip()!r}")
@@ -96,6 +98,10 @@ class Layout:
             return text
         if not isinstance(text, str):
             raise LayoutError(f"layout must be text like '[{{x}}, {{}}]', found {text!r}")
+        return _parse(text)
+
+    @classmethod
+    def _from_text(cls, text):
         m = _TEXT.match(text)
         if not m:
             raise LayoutError(f"layout {text!r}: expected '[{{axes}}, ...]' "
@@ -166,3 +172,8 @@ class Layout:
         if self.partial:
             text += f" {self.op}{{" + ",".join(self.partial) + "}"
         return text
+
+
+@lru_cache(maxsize=1024)
+def _parse(text):
+    return Layout._from_text(text)

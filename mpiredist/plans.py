@@ -63,8 +63,8 @@ class Step:
                 f"{self.before} -> {self.after}")
 
     def to_dict(self):
-        return {"op": self.op, "axes": [str(s) for s in self.axes],
-                "axes_text": group_str(self.axes), "dims": list(self.dims),
+        return {"op": self.op, "axes": group_str(self.axes).split(",") if self.axes else [],
+                "sub_axes": [str(s) for s in self.axes], "dims": list(self.dims),
                 "group_size": self.group_size,
                 "layout_before": str(self.before), "layout_after": str(self.after),
                 "local_shape_before": list(self.local_shape_before),

@@ -1,0 +1,176 @@
+"""The paper's normal form, as moves on sub-axis layouts.
+
+A move is ``(op, axes, dims, after)``: the collective, its sub-axis group,
+its array dims (see :mod:`mpiredist.plans`) and the layout it produces.  The
+candidates are built in three phases, ordered by memory effect (as Shardy
+and arXiv 2112.01075 do):
+
+1. shrink: slice in the target axes the source replicates, reduce-scatter
+   the partial axes the target shards, all-reduce the other partial axes;
+2. size-preserving: all-to-alls that move the minor axes of one dim to the
+   dim that needs them next, then at most one permute that fixes the order;
+3. grow: all-gather, per dim, the minor axes the target does not shard.
+
+Steps whose fine shards would not tile the coarse ones (uneven lengths, see
+:func:`mpiredist.blocks.aligned`) are not emitted; the caller then plans an
+exchange.  Returns None where a phase cannot be expressed.
+"""
+
+from collections import Counter
+
+from .blocks import aligned, group_size
+from .subaxes import prime_factors
+
+__all__ = ["shrink", "rearrange", "finish", "direct_permute"]
+
+
+def _with(state, changes, partial=None):
+    dims = list(state.dims)
+    for d, group in changes.items():
+        dims[d] = group
+    return state.replace(dims=tuple(dims), partial=partial)
+
+
+def shrink(shape, state, target):
+    """Phase 1: slices, reduce-scatters, all-reduce.  ``(state, moves)`` or None."""
+    moves, used = [], state.used()
+    changes, sliced, sliced_dims = {}, [], []
+    for j, want in enumerate(target.dims):
+        add = tuple(a for a in want if a not in used and a not in state.partial)
+        if add:
+            if not aligned(shape[j], group_size(state.dims[j]), group_size(add)):
+                return None
+            changes[j] = state.dims[j] + add
+            sliced += add
+            sliced_dims.append(j)
+    if changes:
+        state = _with(state, changes)
+        moves.append(("slice", tuple(sliced), tuple(sliced_dims), state))
+    reduced = [a for a in state.partial if a not in target.partial]
+    for j, want in enumerate(target.dims):
+        group = tuple(a for a in want if a in reduced)
+        if group:
+            if not aligned(shape[j], group_size(state.dims[j]), group_size(group)):
+                return None
+            left = tuple(a for a in state.partial if a not in group)
+            state = _with(state, {j: state.dims[j] + group}, partial=left)
+            moves.append(("reduce_scatter", group, (j,), state))
+    rest = tuple(a for a in state.partial if a not in target.partial)
+    if rest:
+        state = state.replace(partial=tuple(a for a in state.partial if a not in rest))
+        moves.append(("all_reduce", rest, (), state))
+    return state, moves
+
+
+def _prefix(have, want):
+    n = 0
+    while n < len(have) and n < len(want) and have[n] == want[n]:
+        n += 1
+    return n
+
+
+def _next_all_to_all(shape, state, target):
+    for j, want in enumerate(target.dims):
+        have = state.dims[j]
+        m = _prefix(have, want)
+        if len(have) != m or m == len(want):
+            continue
+        need = want[m:]
+        for i, other in enumerate(state.dims):
+            if i == j:
+                continue
+            k = max((k for k in range(1, min(len(other), len(need)) + 1)
+                     if other[-k:] == need[:k]), default=0)
+            if not k:
+                continue
+            group, g = need[:k], group_size(need[:k])
+            if (aligned(shape[i], group_size(other[:-k]), g)
+                    and aligned(shape[j], group_size(have), g)):
+                after = _with(state, {i: other[:-k], j: have + group})
+                return ("all_to_all", group, (i, j), after)
+    return None
+
+
+def rearrange(shape, state, target):
+    """Phase 2a: greedy all-to-alls.  Returns ``(state, moves)``."""
+    moves = []
+    while True:
+        move = _next_all_to_all(shape, state, target)
+        if move is None:
+            return state, moves
+        moves.append(move)
+        state = move[3]
+
+
+def _ready(state, target):
+    """True if only all-gathers of minor axes remain."""
+    return all(have[:len(want)] == want for have, want in zip(state.dims, target.dims))
+
+
+def _permute_target(state, target):
+    """The layout ``target + extras`` with the shard counts of ``state``, or None."""
+    extras = [a for d in state.dims for a in d if a not in target.used()]
+    need = []
+    for have, want in zip(state.dims, target.dims):
+        q, r = divmod(group_size(have), group_size(want))
+        if r:
+            return None
+        need.append(Counter(prime_factors(q)))
+    placed = [[] for _ in state.dims]
+    pool = list(extras)
+    for d, have in enumerate(state.dims):          # keep extras where they are
+        for a in have:
+            if a in pool and need[d][a.size]:
+                need[d][a.size] -= 1
+                placed[d].append(a)
+                pool.remove(a)
+    for a in list(pool):                            # then anywhere that fits
+        d = next((d for d in range(len(need)) if need[d][a.size]), None)
+        if d is None:
+            return None
+        need[d][a.size] -= 1
+        placed[d].append(a)
+        pool.remove(a)
+    if any(sum(c.values()) for c in need):
+        return None
+    dims = tuple(want + tuple(p) for want, p in zip(target.dims, placed))
+    return state.replace(dims=dims)
+
+
+def _gathers(shape, state, target):
+    moves = []
+    for d, (have, want) in enumerate(zip(state.dims, target.dims)):
+        extra = have[len(want):]
+        if extra:
+            if not aligned(shape[d], group_size(want), group_size(extra)):
+                return None
+            state = _with(state, {d: want})
+            moves.append(("all_gather", extra, (d,), state))
+    return moves
+
+
+def finish(shape, state, target):
+    """Phase 2b and 3: optional permute, then all-gathers; None if impossible."""
+    if _ready(state, target):
+        return _gathers(shape, state, target)
+    fixed = _permute_target(state, target)
+    if fixed is None:
+        return None
+    gathers = _gathers(shape, fixed, target)
+    if gathers is None:
+        return None
+    return [permute_move(state, fixed)] + gathers
+
+
+def permute_move(before, after):
+    changed = tuple(d for d, (a, b) in enumerate(zip(before.dims, after.dims)) if a != b)
+    axes = tuple(dict.fromkeys(a for d in changed
+                               for a in before.dims[d] + after.dims[d]))
+    return ("permute", axes, changed, after)
+
+
+def direct_permute(source, target):
+    """One permute if both layouts have the same shard counts; else None."""
+    if source.partial != target.partial or source.counts() != target.counts():
+        return None
+    return [permute_move(source, target)]

@@ -1,0 +1,238 @@
+"""Plan a redistribution: validate, build candidate step sequences, pick one.
+
+Strategies:
+
+``collectives``
+    The paper's normal form (:mod:`mpiredist.normal_form`); among its
+    candidates the one that sends the fewest bytes, then the fewest rounds.
+    An ``exchange`` replaces the size-preserving phase only where the
+    collective form cannot express a case (uneven lengths whose shards do not
+    nest, or shard counts no permute can match) or where it sends at least
+    ``EXCHANGE_MIN_SAVING`` fewer bytes; the plan's ``note`` says so.
+    Every plan of this strategy satisfies the memory bound.
+``replicate``
+    All-gather every sharded dim, then slice: XLA's fallback.
+``direct``
+    One exchange of exactly the bytes each rank lacks (after reducing
+    partial sums with an all-reduce).
+"""
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from . import normal_form as nf
+from .blocks import group_size, local_shape
+from .costs import collective_bytes, exchange_bytes, group_sends, lower_bound_bytes
+from .errors import PlanError, ShapeError
+from .layout import Layout
+from .mesh import Mesh
+from .plans import Plan, Step
+from .subaxes import expand
+
+__all__ = ["plan", "STRATEGIES"]
+
+STRATEGIES = ("collectives", "replicate", "direct")
+
+# An Alltoallv with per-peer packing costs more per byte than a regular
+# collective; prefer the collective form unless the exchange saves this much.
+EXCHANGE_MIN_SAVING = 0.10
+
+
+def plan(global_shape, dtype, mesh, src, dst, strategy="collectives"):
+    """Plan the redistribution of an array from layout ``src`` to ``dst``.
+
+    Parameters
+    ----------
+    global_shape : sequence of int
+    dtype : numpy dtype or anything ``numpy.dtype`` accepts
+    mesh : Mesh, dict or str
+        Only the axis names and sizes are used; no MPI is needed.
+    src, dst : Layout or str
+    strategy : {"collectives", "replicate", "direct"}
+
+    Returns
+    -------
+    Plan
+
+    Raises
+    ------
+    LayoutError, ShapeError, MeshError, PlanError
+        For bad input; each names the layout, axis or shape at fault.
+
+    Examples
+    --------
+    >>> p = plan((4096, 4096), "float32", {"x": 8}, "[{x},{}]", "[{},{x}]")
+    >>> [s.op for s in p.steps]
+    ['all_to_all']
+    """
+    shape, dtype, mesh, src, dst = validate(global_shape, dtype, mesh, src, dst)
+    if strategy not in STRATEGIES:
+        raise PlanError(f"strategy {strategy!r} is not one of {STRATEGIES}")
+    return _plan(shape, dtype, mesh, src, dst, strategy)
+
+
+def validate(global_shape, dtype, mesh, src, dst):
+    """Normalise and check the arguments of :func:`plan`; return them."""
+    mesh = Mesh(mesh).abstract() if not isinstance(mesh, Mesh) else mesh.abstract()
+    src, dst = Layout.parse(src), Layout.parse(dst)
+    try:
+        shape = tuple(int(n) for n in global_shape)
+    except (TypeError, ValueError):
+        raise ShapeError(f"global shape {global_shape!r} is not a sequence of integers") from None
+    if any(n < 0 for n in shape):
+        raise ShapeError(f"global shape {shape} has a negative length")
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError as exc:
+        raise ShapeError(f"dtype {dtype!r} is not a numpy dtype: {exc}") from None
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise ShapeError(f"dtype {dtype} has no fixed size; only fixed-size dtypes move")
+    src.validate(mesh, len(shape))
+    dst.validate(mesh, len(shape))
+    new = [a for a in dst.partial if a not in src.partial]
+    if new:
+        raise PlanError(f"target {dst} has partial axes {new} that source {src} does not "
+                        "have; a redistribution cannot create partial sums")
+    if dst.partial and src.op != dst.op:
+        raise PlanError(f"source {src} and target {dst} reduce with different ops")
+    return shape, dtype, mesh, src, dst
+
+
+@lru_cache(maxsize=512)
+def _plan(shape, dtype, mesh, src, dst, strategy):
+    S, T = expand(src, mesh), expand(dst, mesh)
+    build = {"collectives": _collectives, "replicate": _replicate, "direct": _direct}
+    moves, note = build[strategy](shape, S, T, mesh.axes)
+    return _finalize(shape, dtype, mesh, src, dst, strategy, S, moves, note)
+
+
+def _reduce_all(S, T):
+    rest = tuple(a for a in S.partial if a not in T.partial)
+    if not rest:
+        return S, []
+    after = S.replace(partial=tuple(a for a in S.partial if a in T.partial))
+    return after, [("all_reduce", rest, (), after)]
+
+
+def _exchange(state, T):
+    if state == T:
+        return []
+    return [("exchange", (), tuple(range(len(T.dims))), T)]
+
+
+def _direct(shape, S, T, mesh_axes):
+    state, moves = _reduce_all(S, T)
+    return moves + _exchange(state, T), ""
+
+
+def _replicate(shape, S, T, mesh_axes):
+    state, moves = _reduce_all(S, T)
+    for d in range(len(state.dims)):
+        if state.dims[d]:
+            group = state.dims[d]
+            state = nf._with(state, {d: ()})
+            moves.append(("all_gather", group, (d,), state))
+    if state != T:
+        axes = tuple(a for g in T.dims for a in g)
+        moves.append(("slice", axes, tuple(d for d, g in enumerate(T.dims) if g), T))
+    return moves, ""
+
+
+def _collectives(shape, S, T, mesh_axes):
+    """Candidates of the normal form; the cheapest valid one and its note."""
+    candidates = []
+    direct = nf.direct_permute(S, T)
+    if direct is not None:
+        candidates.append(direct)
+    shrunk = nf.shrink(shape, S, T)
+    if shrunk is not None:
+        state, head = shrunk
+        mid_state, middle = nf.rearrange(shape, state, T)
+        tail = nf.finish(shape, mid_state, T)
+        if tail is not None:
+            candidates.append(head + middle + tail)
+        else:
+            candidates.append(head + middle + _exchange(mid_state, T))
+        candidates.append(head + _exchange(state, T))
+    reduced, head = _reduce_all(S, T)
+    candidates.append(head + _exchange(reduced, T))
+    return _choose(shape, S, candidates, mesh_axes)
+
+
+def _choose(shape, S, candidates, mesh_axes):
+    scored = []
+    for moves in candidates:
+        peak, sent, rounds = _score(shape, S, moves, mesh_axes)
+        if peak <= max(_elems(shape, S), _elems(shape, moves[-1][3] if moves else S)):
+            uses_exchange = any(m[0] == "exchange" for m in moves)
+            scored.append((uses_exchange, sent, rounds, moves))
+    plain = min((c for c in scored if not c[0]), key=lambda c: c[1:3], default=None)
+    mixed = min((c for c in scored if c[0]), key=lambda c: c[1:3], default=None)
+    if plain is None:
+        return mixed[3], ("one exchange step: no normal-form sequence of collectives "
+                          "reaches the target here (uneven shards that do not nest, or "
+                          "shard counts that no all-to-all or permute can match)")
+    if mixed is not None and mixed[1] < (1 - EXCHANGE_MIN_SAVING) * plain[1]:
+        return mixed[3], (f"one exchange step: sends {mixed[1]} elements per rank "
+                          f"against {plain[1]} for the collective-only plan")
+    return plain[3], ""
+
+
+def _elems(shape, layout):
+    return math.prod(local_shape(shape, layout))
+
+
+def _score(shape, S, moves, mesh_axes):
+    """``(peak elements, elements sent, rounds)`` of a move list, itemsize 1."""
+    peak = _elems(shape, S)
+    sent = rounds = 0
+    state = S
+    for op, axes, dims, after in moves:
+        peak = max(peak, _elems(shape, after))
+        sent += _move_bytes(shape, 1, state, (op, axes, dims, after), mesh_axes)
+        rounds += op != "slice"
+        state = after
+    return peak, sent, rounds
+
+
+@lru_cache(maxsize=1024)
+def _move_bytes(shape, itemsize, before, move, mesh_axes):
+    op, axes, dims, after = move
+    operand = _elems(shape, before) * itemsize
+    if op == "slice":
+        return 0
+    if op == "permute":
+        return operand if before != after else 0
+    if op == "exchange":
+        return exchange_bytes(shape, itemsize, before, after, mesh_axes)[0]
+    if op in ("all_to_all", "reduce_scatter") and not _even(shape, before, after):
+        return group_sends(shape, itemsize, before, after, axes, mesh_axes)
+    return collective_bytes(op, operand, axes)
+
+
+def _even(shape, *layouts):
+    """True if every dim divides evenly in every layout (all shards equal)."""
+    return all(n % group_size(d) == 0 for lay in layouts for n, d in zip(shape, lay.dims))
+
+
+def _finalize(shape, dtype, mesh, src, dst, strategy, S, moves, note):
+    itemsize = dtype.itemsize
+    steps, state = [], S
+    for move in moves:
+        op, axes, dims, after = move
+        steps.append(Step(op, tuple(axes), tuple(dims), state, after,
+                          local_shape(shape, state), local_shape(shape, after),
+                          _move_bytes(shape, itemsize, state, move, mesh.axes)))
+        state = after
+    T = expand(dst, mesh)
+    if state != T:
+        raise AssertionError(f"internal planner error: plan ends at {state}, not {T}")
+    nbytes = [math.prod(local_shape(shape, S)) * itemsize]
+    nbytes += [math.prod(s.local_shape_after) * itemsize for s in steps]
+    return Plan(shape, dtype, mesh, src, dst, strategy, tuple(steps),
+                nbytes[0], math.prod(local_shape(shape, T)) * itemsize, max(nbytes),
+                sum(s.bytes_sent_per_rank for s in steps),
+                lower_bound_bytes(shape, itemsize, S, T, mesh.axes), note)
+

@@ -1,0 +1,119 @@
+"""Run a plan for all P virtual ranks in one process, with numpy.
+
+The semantic reference for the MPI executor: each step is carried out the
+way its collective defines it (concatenate members' blocks, split and swap,
+reduce), rank by rank, using the same routing as the executor.
+
+Examples
+--------
+>>> import numpy as np, mpiredist as mr
+>>> p = mr.plan((4, 4), "int64", {"x": 2}, "[{x},{}]", "[{},{x}]")
+>>> g = np.arange(16).reshape(4, 4)
+>>> out = simulate(p, [g[:2], g[2:]])
+>>> out[1].tolist()
+[[2, 3], [6, 7], [10, 11], [14, 15]]
+"""
+
+import numpy as np
+
+from .blocks import rank_block
+from .errors import ShapeError
+from .routing import (exchange_recvs, member_ranks, permute_source)
+from .subaxes import rank_digits
+
+__all__ = ["simulate", "REDUCERS"]
+
+REDUCERS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def simulate(plan, blocks):
+    """Return the target local blocks of every rank; ``blocks`` is not modified.
+
+    Parameters
+    ----------
+    plan : Plan
+    blocks : list of numpy arrays
+        ``blocks[r]`` is rank ``r``'s source local block.
+    """
+    mesh = plan.mesh
+    if len(blocks) != mesh.size:
+        raise ShapeError(f"simulate: {len(blocks)} blocks for a mesh of {mesh.size} ranks")
+    digits = [rank_digits(mesh, r) for r in range(mesh.size)]
+    state = [np.array(b, dtype=plan.dtype, copy=True) for b in blocks]
+    for step in plan.steps:
+        run = _RUN[step.op]
+        state = [run(plan, step, state, digits, r) for r in range(mesh.size)]
+    return state
+
+
+def _relative(box, outer):
+    return tuple(slice(lo - o0, hi - o0) for (lo, hi), (o0, _) in zip(box, outer))
+
+
+def _slice(plan, step, state, digits, r):
+    before = rank_block(plan.global_shape, step.before, digits[r])
+    after = rank_block(plan.global_shape, step.after, digits[r])
+    return state[r][_relative(after, before)].copy()
+
+
+def _members(plan, step, digits, r):
+    return member_ranks(plan.mesh, digits[r], step.axes)
+
+
+def _all_gather(plan, step, state, digits, r):
+    (d,) = step.dims
+    return np.concatenate([state[m] for m in _members(plan, step, digits, r)], axis=d)
+
+
+def _all_to_all(plan, step, state, digits, r):
+    i, j = step.dims
+    after = rank_block(plan.global_shape, step.after, digits[r])
+    parts = []
+    for m in _members(plan, step, digits, r):
+        before = rank_block(plan.global_shape, step.before, digits[m])
+        rel = _relative(after, before)
+        index = [slice(None)] * len(after)
+        index[j] = rel[j]
+        parts.append(state[m][tuple(index)])
+    return np.concatenate(parts, axis=i)
+
+
+def _reduce(plan, arrays):
+    out = arrays[0].copy()
+    for a in arrays[1:]:
+        REDUCERS[plan.src.op](out, a, out=out)
+    return out
+
+
+def _reduce_scatter(plan, step, state, digits, r):
+    before = rank_block(plan.global_shape, step.before, digits[r])
+    after = rank_block(plan.global_shape, step.after, digits[r])
+    rel = _relative(after, before)
+    return _reduce(plan, [state[m][rel] for m in _members(plan, step, digits, r)])
+
+
+def _all_reduce(plan, step, state, digits, r):
+    return _reduce(plan, [state[m] for m in _members(plan, step, digits, r)])
+
+
+def _permute(plan, step, state, digits, r):
+    return state[permute_source(plan.mesh, step.before, step.after, digits[r])].copy()
+
+
+def _exchange(plan, step, state, digits, r):
+    shape = plan.global_shape
+    mine = rank_block(shape, step.after, digits[r])
+    out = np.empty(tuple(hi - lo for lo, hi in mine), dtype=plan.dtype)
+    filled = 0
+    for s, box in exchange_recvs(plan.mesh, shape, step.before, step.after, digits[r]):
+        held = rank_block(shape, step.before, digits[s])
+        out[_relative(box, mine)] = state[s][_relative(box, held)]
+        filled += int(np.prod([hi - lo for lo, hi in box]))
+    if filled != out.size:
+        raise AssertionError(f"exchange filled {filled} of {out.size} elements on rank {r}")
+    return out
+
+
+_RUN = {"slice": _slice, "all_gather": _all_gather, "all_to_all": _all_to_all,
+        "reduce_scatter": _reduce_scatter, "all_reduce": _all_reduce,
+        "permute": _permute, "exchange": _exchange}

@@ -105,7 +105,7 @@ def _plan(shape, dtype, mesh, src, dst, strategy):
     S, T = expand(src, mesh), expand(dst, mesh)
     build = {"collectives": _collectives, "replicate": _replicate, "direct": _direct}
     moves, note = build[strategy](shape, S, T, mesh.axes)
-    return _finalize(shape, dtype, mesh, src, dst, strategy, S, moves, note)
+    return assemble(shape, dtype, mesh, src, dst, strategy, moves, note)
 
 
 def _reduce_all(S, T):
@@ -217,7 +217,14 @@ def _even(shape, *layouts):
     return all(n % group_size(d) == 0 for lay in layouts for n, d in zip(shape, lay.dims))
 
 
-def _finalize(shape, dtype, mesh, src, dst, strategy, S, moves, note):
+def assemble(shape, dtype, mesh, src, dst, strategy, moves, note=""):
+    """Build a :class:`Plan` from moves ``(op, sub_axes, dims, layout_after)``.
+
+    Used by the strategies here and by anything that brings its own step
+    sequence (the benchmark's XLA plans).  Arguments must be normalised as
+    :func:`validate` returns them; the moves must end at ``expand(dst)``.
+    """
+    S = expand(src, mesh)
     itemsize = dtype.itemsize
     steps, state = [], S
     for move in moves:

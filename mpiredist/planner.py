@@ -97,7 +97,23 @@ def validate(global_shape, dtype, mesh, src, dst):
                         "have; a redistribution cannot create partial sums")
     if dst.partial and src.op != dst.op:
         raise PlanError(f"source {src} and target {dst} reduce with different ops")
+    if any(a not in dst.partial for a in src.partial):
+        _check_reducible(dtype, src)
     return shape, dtype, mesh, src, dst
+
+
+# dtype.char of the numpy types that have a predefined MPI datatype in every
+# MPI library (MPI_C_BOOL ... MPI_C_DOUBLE_COMPLEX); reductions need one.
+REDUCIBLE = "?bhilqBHILQfdFD"
+
+
+def _check_reducible(dtype, src):
+    if dtype.char not in REDUCIBLE or not dtype.isnative:
+        raise ShapeError(f"layout {src} reduces partial sums, but dtype {dtype} has no "
+                         "MPI reduction; use a native bool, integer, float32/64 or "
+                         "complex64/128 dtype")
+    if dtype.kind == "c" and src.op in ("max", "min"):
+        raise ShapeError(f"layout {src}: {src.op} is not defined for complex dtype {dtype}")
 
 
 @lru_cache(maxsize=512)

@@ -1,0 +1,107 @@
+"""MPI communicators for a mesh: one Cartesian communicator, sub-communicators.
+
+:class:`MeshComm` owns every MPI object it creates and frees them in
+:meth:`MeshComm.free` (or on leaving a ``with`` block), never in ``__del__``.
+Sub-communicators are created on first use, once per sub-axis group, and
+ordered so that a member's rank in the sub-communicator is its mixed-radix
+index over the group (first sub-axis major).
+"""
+
+from .errors import MeshError
+from .subaxes import rank_digits
+
+__all__ = ["MeshComm", "mpi", "mesh_comm"]
+
+
+def mpi():
+    """Import ``mpi4py.MPI`` or raise ImportError with how to install it."""
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise ImportError("mpi4py is required to run plans: pip install mpi4py "
+                          "(or mpiredist[mpich] for a self-contained MPICH)") from exc
+    return MPI
+
+
+class MeshComm:
+    """The communicators of one mesh.
+
+    Parameters
+    ----------
+    mesh : Mesh
+        Its ``comm`` (or ``MPI.COMM_WORLD``) must have ``mesh.size`` ranks;
+        this is checked on every rank, and every rank raises together.
+    """
+
+    def __init__(self, mesh):
+        MPI = mpi()
+        base = mesh.comm if mesh.comm is not None else MPI.COMM_WORLD
+        if base.Get_size() != mesh.size:
+            raise MeshError(f"mesh {mesh} has {mesh.size} devices but the communicator "
+                            f"has {base.Get_size()} ranks")
+        self.mesh = mesh
+        if mesh.axes:
+            self.comm = base.Create_cart(list(mesh.sizes), periods=[False] * len(mesh.axes),
+                                         reorder=False)
+        else:
+            self.comm = base.Dup()
+        self.rank = self.comm.Get_rank()
+        self.digits = rank_digits(mesh, self.rank)
+        self._subs = {}
+
+    def sub(self, group):
+        """The sub-communicator over the sub-axes ``group`` (collective, cached)."""
+        group = tuple(group)
+        if group not in self._subs:
+            colour, key = 0, 0
+            for s in group:
+                key = key * s.size + self.digits[s]
+            for s, d in self.digits.items():
+                if s not in group:
+                    colour = colour * s.size + d
+            self._subs[group] = self.comm.Split(colour, key)
+        return self._subs[group]
+
+    def free(self):
+        """Free every communicator this object created."""
+        for c in self._subs.values():
+            c.Free()
+        self._subs.clear()
+        if self.comm is not None:
+            self.comm.Free()
+            self.comm = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def __repr__(self):
+        return f"MeshComm({self.mesh!r}, rank={self.rank})"
+
+
+_OPEN = {}
+
+
+def mesh_comm(mesh):
+    """The shared :class:`MeshComm` of ``mesh`` on its communicator.
+
+    Kept for the life of the process (freed by :func:`free_all`), so that
+    repeated redistributions reuse their sub-communicators.
+    """
+    MPI = mpi()
+    base = mesh.comm if mesh.comm is not None else MPI.COMM_WORLD
+    key = (MPI.Comm.py2f(base), mesh.axes)
+    found = _OPEN.get(key)
+    if found is None or found.comm is None:
+        found = _OPEN[key] = MeshComm(mesh)
+    return found
+
+
+def free_all():
+    """Free the communicators of every mesh :func:`mesh_comm` opened."""
+    for mc in _OPEN.values():
+        if mc.comm is not None:
+            mc.free()
+    _OPEN.clear()

@@ -1,0 +1,199 @@
+"""DistArray: a global array held as one local block per rank.
+
+Nothing here communicates except the documented collective methods
+(constructors with validation, :meth:`DistArray.redistribute`,
+:meth:`DistArray.gather`); ``repr`` and properties are local.
+"""
+
+from . import planner
+from .agree import agree_on, check
+from .blocks import rank_block
+from .comm import mesh_comm, mpi
+from .errors import MeshError, ShapeError
+from .executor import execute
+from .layout import Layout
+from .mesh import Mesh
+from .subaxes import expand, rank_digits
+
+__all__ = ["DistArray", "redistribute"]
+
+
+def _mesh(mesh):
+    return mesh if isinstance(mesh, Mesh) else Mesh(mesh)
+
+
+def _base_comm(mesh):
+    return mesh.comm if mesh.comm is not None else mpi().COMM_WORLD
+
+
+def _block_shape(shape, mesh, layout, rank):
+    box = rank_block(shape, expand(layout, mesh), rank_digits(mesh, rank))
+    return tuple(hi - lo for lo, hi in box)
+
+
+def _check_mesh(mesh, comm):
+    if comm.Get_size() != mesh.size:
+        raise MeshError(f"mesh {mesh} has {mesh.size} devices but the communicator "
+                        f"has {comm.Get_size()} ranks")
+
+
+def _check_local(block, shape, dtype, mesh, layout, rank):
+    _check_mesh(mesh, _base_comm(mesh))
+    planner.validate(shape, dtype, mesh, layout, layout)
+    want = _block_shape(shape, mesh, layout, rank)
+    if tuple(block.shape) != want:
+        raise ShapeError(f"rank {rank}: local block has shape {tuple(block.shape)} but "
+                         f"layout {layout} of global shape {tuple(shape)} on mesh {mesh} "
+                         f"gives this rank {want}")
+
+
+class DistArray:
+    """A distributed array: this rank's block plus (shape, dtype, layout, mesh).
+
+    Create with :meth:`from_global` or :meth:`from_local` (collective: all
+    ranks of the mesh call them together).  Examples need as many ranks as
+    the mesh has devices, e.g. ``mpirun -n 8`` for ``x=2,y=4``.
+
+    Examples
+    --------
+    >>> mesh = Mesh({"x": 2, "y": 4})                       # doctest: +SKIP
+    >>> a = DistArray.from_global(g, mesh, "[{x,y}, {}]")    # doctest: +SKIP
+    >>> b = a.redistribute("[{}, {x,y}]")                    # doctest: +SKIP
+    """
+
+    __slots__ = ("_local", "_shape", "_layout", "_mesh")
+
+    def __init__(self, local, shape, layout, mesh):
+        # Unchecked; use from_local / from_global.
+        self._local, self._shape = local, tuple(shape)
+        self._layout, self._mesh = layout, mesh
+
+    @classmethod
+    def from_local(cls, block, mesh, layout, shape):
+        """Wrap this rank's ``block`` of a global array of ``shape`` (collective).
+
+        Every rank checks its block's shape against ``layout``; all ranks
+        agree on (mesh, shape, dtype, layout); any problem raises on every
+        rank before any data moves.
+        """
+        mesh, layout = _mesh(mesh), Layout.parse(layout)
+        comm = _base_comm(mesh)
+        shape = tuple(int(n) for n in shape) if _is_shape(shape) else shape
+        error = check(_check_local, block, shape, block.dtype, mesh, layout, comm.Get_rank())
+        agree_on(comm, "DistArray.from_local", error, mesh=mesh, shape=shape,
+                 dtype=block.dtype, layout=layout)
+        return cls(block, shape, layout, mesh)
+
+    @classmethod
+    def from_global(cls, array, mesh, layout):
+        """Take this rank's block of ``array``, the same full array on every rank."""
+        mesh, layout = _mesh(mesh), Layout.parse(layout)
+        comm = _base_comm(mesh)
+        rank = comm.Get_rank()
+        shape = tuple(array.shape)
+        error = check(_check_mesh, mesh, comm) or check(
+            planner.validate, shape, array.dtype, mesh, layout, layout)
+        if error is None and layout.partial:
+            error = ShapeError(f"from_global: layout {layout} has partial axes; a full "
+                               "array cannot be split into partial sums")
+        agree_on(comm, "DistArray.from_global", error, mesh=mesh, shape=shape,
+                 dtype=array.dtype, layout=layout)
+        box = rank_block(shape, expand(layout, mesh), rank_digits(mesh, rank))
+        block = array[tuple(slice(lo, hi) for lo, hi in box)].copy()
+        return cls(block, shape, layout, mesh)
+
+    @property
+    def local(self):
+        """This rank's block (numpy or CuPy array)."""
+        return self._local
+
+    @property
+    def shape(self):
+        """The global shape."""
+        return self._shape
+
+    @property
+    def dtype(self):
+        return self._local.dtype
+
+    @property
+    def ndim(self):
+        return len(self._shape)
+
+    @property
+    def layout(self):
+        return self._layout
+
+    @property
+    def mesh(self):
+        return self._mesh
+
+    def plan(self, dst, strategy="collectives"):
+        """The plan :meth:`redistribute` would run (no communication)."""
+        return planner.plan(self._shape, self.dtype, self._mesh, self._layout, dst, strategy)
+
+    def redistribute(self, dst, donate=False, strategy="collectives", records=None):
+        """Return this array in layout ``dst`` (collective).
+
+        Parameters
+        ----------
+        dst : Layout or str
+        donate : bool
+            If True the caller gives up this array's block: its buffer may be
+            reused and its contents are undefined afterwards.
+        strategy : {"collectives", "replicate", "direct"}
+        records : list, optional
+            Receives one :class:`~mpiredist.executor.StepRecord` per step.
+        """
+        out = redistribute(self._local, self._shape, self._mesh, self._layout, dst,
+                           donate=donate, strategy=strategy, records=records)
+        return DistArray(out, self._shape, Layout.parse(dst), self._mesh)
+
+    def redistribute_(self, dst, **kwargs):
+        """In-place form: donate this block and take the result (collective)."""
+        new = self.redistribute(dst, donate=True, **kwargs)
+        self._local, self._layout = new._local, new._layout
+        return self
+
+    def gather(self):
+        """The full global array on every rank (collective)."""
+        return self.redistribute(Layout.replicated(self.ndim)).local
+
+    def __repr__(self):
+        return (f"DistArray(shape={self._shape}, dtype={self.dtype}, "
+                f"layout={str(self._layout)!r}, mesh={self._mesh!r})")
+
+
+def _is_shape(shape):
+    try:
+        return all(int(n) == n for n in shape)
+    except (TypeError, ValueError):
+        return False
+
+
+def redistribute(local, global_shape, mesh, src, dst, donate=False,
+                 strategy="collectives", records=None):
+    """Redistribute this rank's block ``local`` from ``src`` to ``dst`` (collective).
+
+    Returns this rank's block of the target layout.  Every rank validates its
+    own arguments and all ranks agree on (mesh, shape, dtype, src, dst) with
+    one small collective before any data moves; a problem on any rank raises
+    a ``ValueError`` subclass on every rank.  ``local`` is not written unless
+    ``donate`` is True.
+    """
+    mesh = _mesh(mesh)
+    comm = _base_comm(mesh)
+    rank = comm.Get_rank()
+    error, plan = None, None
+    try:
+        src, dst = Layout.parse(src), Layout.parse(dst)
+        src_l, dst_l = src, dst
+        _check_local(local, global_shape, local.dtype, mesh, src_l, rank)
+        plan = planner.plan(global_shape, local.dtype, mesh, src_l, dst_l, strategy)
+    except ValueError as exc:
+        error = exc
+    agree_on(comm, "redistribute", error, mesh=mesh, shape=tuple(global_shape),
+             dtype=getattr(local, "dtype", None), src=src, dst=dst, strategy=strategy)
+    return execute(plan, local, mesh_comm(mesh), records)
+
+

@@ -1,0 +1,320 @@
+"""Run a plan on MPI: one function per step kind, buffers owned in one place.
+
+The local block is tracked as a :class:`Region`: a box of a C-contiguous base
+array.  Slices only shrink the box (no copy).  Communication steps describe
+each peer's piece as an MPI subarray datatype of the base, so data goes from
+the input box straight into its final place in a newly allocated output: no
+pack or unpack buffers (the approach of mpi4py-fft's ``Transfer``), except a
+reduce-scatter whose scatter dim is not the outermost one.
+
+Step -> MPI call:
+
+============== =====================================================
+slice          none (the box shrinks)
+all_gather     Allgatherv of bytes when the result is a concatenation
+               in memory, else Alltoallw with subarray types
+all_to_all     Alltoallw with subarray types on the group
+reduce_scatter Reduce_scatter (typed), after packing if needed
+all_reduce     Allreduce (typed)
+permute        Sendrecv with a subarray type (no call if it stays)
+exchange       Alltoallw with subarray types on the mesh
+============== =====================================================
+
+Every peer's piece is ``before(sender) & after(receiver)``: for all-gather
+and all-to-all inside a group this is exactly the collective's data; for the
+exchange the receivers come from :func:`mpiredist.routing.exchange_sends`.
+"""
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backend import array_module, synchronize
+from .blocks import overlap, rank_block
+from .comm import mpi
+from .errors import CommunicationError
+from .routing import exchange_recvs, exchange_sends, permute_dest, permute_source
+
+__all__ = ["execute", "Region", "StepRecord"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """What one step did on this rank: bytes sent to other ranks, time."""
+
+    op: str
+    bytes_sent: int
+    seconds: float
+
+
+class Region:
+    """A box (``starts``, ``shape``) of a C-contiguous ``base`` array."""
+
+    __slots__ = ("base", "starts", "shape")
+
+    def __init__(self, base, starts=None, shape=None):
+        self.base = base
+        self.starts = tuple(starts) if starts is not None else (0,) * base.ndim
+        self.shape = tuple(shape) if shape is not None else tuple(base.shape)
+
+    @property
+    def whole(self):
+        return self.shape == tuple(self.base.shape)
+
+    def view(self):
+        return self.base[tuple(slice(s, s + n) for s, n in zip(self.starts, self.shape))]
+
+    def sub(self, starts, shape):
+        """The box at ``starts`` (relative to this one) of ``shape``."""
+        return Region(self.base, [a + b for a, b in zip(self.starts, starts)], shape)
+
+    def __repr__(self):
+        return f"Region(base{tuple(self.base.shape)}, starts={self.starts}, shape={self.shape})"
+
+
+class _Context:
+    """Per-call state: communicators, element datatype, counters."""
+
+    def __init__(self, plan, mc, xp):
+        self.plan, self.mc, self.xp = plan, mc, xp
+        self.MPI = mpi()
+        self.itemsize = plan.dtype.itemsize
+        self.elem = self.MPI.BYTE.Create_contiguous(self.itemsize).Commit()
+        self.types = []
+
+    def subarray(self, region, box=None):
+        """``(count, datatype)`` for ``box`` (global coords) inside ``region``."""
+        if box is None:
+            rel, shape = (0,) * len(region.shape), region.shape
+        else:
+            rel, shape = box
+        if math.prod(shape) == 0:
+            return 0, self.elem
+        if not region.base.ndim:
+            return 1, self.elem
+        starts = [a + b for a, b in zip(region.starts, rel)]
+        t = self.elem.Create_subarray(list(region.base.shape), list(shape), starts).Commit()
+        self.types.append(t)
+        return 1, t
+
+    def free_types(self):
+        for t in self.types:
+            t.Free()
+        self.types.clear()
+
+    def free(self):
+        self.free_types()
+        self.elem.Free()
+
+
+def execute(plan, local, mc, records=None):
+    """Run ``plan`` on this rank's block ``local``; return the target block.
+
+    ``local`` is never written.  ``mc`` is the mesh's
+    :class:`~mpiredist.comm.MeshComm`.  If ``records`` is a list, one
+    :class:`StepRecord` per step is appended to it.
+    """
+    xp = array_module(local)
+    if not _c_contiguous(local):
+        local = xp.ascontiguousarray(local)
+    region = Region(local)
+    ctx = _Context(plan, mc, xp)
+    try:
+        for step in plan.steps:
+            t0 = time.perf_counter()
+            try:
+                region, sent = _RUN[step.op](ctx, step, region)
+            except ctx.MPI.Exception as exc:
+                raise CommunicationError(f"MPI failed in step {step}: {exc}") from exc
+            finally:
+                ctx.free_types()
+            if records is not None:
+                records.append(StepRecord(step.op, int(sent), time.perf_counter() - t0))
+    finally:
+        ctx.free()
+    if region.whole and region.base is not local:
+        return region.base
+    return region.view().copy()     # never hand back a view of the caller's buffer
+
+
+def _c_contiguous(a):
+    return a.flags["C_CONTIGUOUS"] if hasattr(a.flags, "__getitem__") else a.flags.c_contiguous
+
+
+def _block(ctx, layout, digits):
+    return rank_block(ctx.plan.global_shape, layout, digits)
+
+
+def _rel(box, outer):
+    """``(starts, shape)`` of global ``box`` relative to the block ``outer``."""
+    return (tuple(lo - o for (lo, _), (o, _) in zip(box, outer)),
+            tuple(hi - lo for lo, hi in box))
+
+
+def _volume(box):
+    return math.prod(hi - lo for lo, hi in box)
+
+
+def _empty(ctx, block):
+    return ctx.xp.empty(tuple(hi - lo for lo, hi in block), dtype=ctx.plan.dtype)
+
+
+def _slice(ctx, step, region):
+    digits = ctx.mc.digits
+    before, after = _block(ctx, step.before, digits), _block(ctx, step.after, digits)
+    starts, shape = _rel(after, before)
+    return region.sub(starts, shape), 0
+
+
+def _member_digits(digits, group, m):
+    d = dict(digits)
+    for s in reversed(group):
+        m, d[s] = divmod(m, s.size)
+    return d
+
+
+def _alltoallw(ctx, comm, region, out, pieces_out, pieces_in):
+    """Alltoallw on ``comm``; pieces are ``{peer: (rel box in region / out)}``."""
+    n = comm.Get_size()
+    send = [ctx.subarray(region, pieces_out[p]) if p in pieces_out else (0, ctx.elem)
+            for p in range(n)]
+    recv = [ctx.subarray(out, pieces_in[p]) if p in pieces_in else (0, ctx.elem)
+            for p in range(n)]
+    synchronize(region.base)
+    comm.Alltoallw([region.base, [c for c, _ in send], [0] * n, [t for _, t in send]],
+                   [out.base, [c for c, _ in recv], [0] * n, [t for _, t in recv]])
+
+
+def _group_move(ctx, step, region):
+    """All-gather or all-to-all in the group: each member gets before & after."""
+    comm, digits = ctx.mc.sub(step.axes), ctx.mc.digits
+    me = comm.Get_rank()
+    mine_b, mine_a = _block(ctx, step.before, digits), _block(ctx, step.after, digits)
+    out = Region(_empty(ctx, mine_a))
+    pieces_out, pieces_in, sent = {}, {}, 0
+    for m in range(comm.Get_size()):
+        other = _member_digits(digits, step.axes, m)
+        box = overlap(mine_b, _block(ctx, step.after, other))
+        if box is not None:
+            pieces_out[m] = _rel(box, mine_b)
+            sent += _volume(box) if m != me else 0
+        box = overlap(_block(ctx, step.before, other), mine_a)
+        if box is not None:
+            pieces_in[m] = _rel(box, mine_a)
+    if step.op == "all_gather" and _gather_is_concat(ctx, step, region, out):
+        _allgatherv(ctx, comm, region, out, step)
+    else:
+        _alltoallw(ctx, comm, region, out, pieces_out, pieces_in)
+    return out, sent * ctx.itemsize
+
+
+def _gather_is_concat(ctx, step, region, out):
+    """True if the gathered blocks lie one after another in ``out``.
+
+    Decided from the plan alone, so that all members take the same path.
+    """
+    (d,) = step.dims
+    return all(n == 1 for n in step.local_shape_after[:d])
+
+
+def _allgatherv(ctx, comm, region, out, step):
+    digits = ctx.mc.digits
+    counts = [_volume(_block(ctx, step.before, _member_digits(digits, step.axes, m)))
+              * ctx.itemsize for m in range(comm.Get_size())]
+    displs = [sum(counts[:m]) for m in range(len(counts))]
+    count, t = ctx.subarray(region)
+    synchronize(region.base)
+    comm.Allgatherv([region.base, count, t], [out.base, counts, displs, ctx.MPI.BYTE])
+
+
+def _mpi_op(ctx):
+    op, MPI = ctx.plan.src.op, ctx.MPI
+    if ctx.plan.dtype == np.bool_:
+        return {"sum": MPI.LOR, "max": MPI.LOR, "min": MPI.LAND, "prod": MPI.LAND}[op]
+    return {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}[op]
+
+
+def _typed(ctx):
+    """The predefined MPI datatype of the plan's dtype (reductions need one)."""
+    return ctx.MPI._typedict[ctx.plan.dtype.char]
+
+
+def _contiguous(ctx, region):
+    return region.base if region.whole else ctx.xp.ascontiguousarray(region.view())
+
+
+def _reduce_scatter(ctx, step, region):
+    comm, digits = ctx.mc.sub(step.axes), ctx.mc.digits
+    (j,) = step.dims
+    mine_b = _block(ctx, step.before, digits)
+    src = region.view()
+    parts, counts = [], []
+    for m in range(comm.Get_size()):
+        box = _block(ctx, step.after, _member_digits(digits, step.axes, m))
+        starts, shape = _rel(box, mine_b)
+        index = tuple(slice(s, s + n) for s, n in zip(starts, shape))
+        parts.append(src[index])
+        counts.append(math.prod(shape))
+    outer = all(n == 1 for n in region.shape[:j])
+    if outer and region.whole:
+        packed = region.base
+    else:
+        packed = ctx.xp.concatenate([p.reshape(-1) for p in parts]) if parts else src
+    out = _empty(ctx, _block(ctx, step.after, digits))
+    synchronize(packed)
+    typed = _typed(ctx)
+    comm.Reduce_scatter([packed, typed], [out, typed], counts, _mpi_op(ctx))
+    me = comm.Get_rank()
+    sent = sum(c for m, c in enumerate(counts) if m != me)
+    return Region(out), sent * ctx.itemsize
+
+
+def _all_reduce(ctx, step, region):
+    comm = ctx.mc.sub(step.axes)
+    src = _contiguous(ctx, region)
+    out = ctx.xp.empty_like(src)
+    synchronize(src)
+    typed = _typed(ctx)
+    comm.Allreduce([src, typed], [out, typed], _mpi_op(ctx))
+    g = comm.Get_size()
+    return Region(out), 2 * out.size * ctx.itemsize * (g - 1) // g
+
+
+def _permute(ctx, step, region):
+    mc, plan = ctx.mc, ctx.plan
+    dest = permute_dest(plan.mesh, step.before, step.after, mc.digits)
+    source = permute_source(plan.mesh, step.before, step.after, mc.digits)
+    if dest == mc.rank and source == mc.rank:
+        return region, 0
+    out = Region(_empty(ctx, _block(ctx, step.after, mc.digits)))
+    count, t = ctx.subarray(region)
+    synchronize(region.base)
+    mc.comm.Sendrecv([region.base, count, t], dest,
+                     recvbuf=[out.base, out.base.size * ctx.itemsize, ctx.MPI.BYTE],
+                     source=source)
+    sent = _volume(_block(ctx, step.before, mc.digits)) if dest != mc.rank else 0
+    return out, sent * ctx.itemsize
+
+
+def _exchange(ctx, step, region):
+    mc, plan = ctx.mc, ctx.plan
+    shape, mesh = plan.global_shape, plan.mesh
+    mine_b, mine_a = _block(ctx, step.before, mc.digits), _block(ctx, step.after, mc.digits)
+    out = Region(_empty(ctx, mine_a))
+    pieces_out = {r: _rel(box, mine_b)
+                  for r, box in exchange_sends(mesh, shape, step.before, step.after, mc.digits)}
+    pieces_in = {}
+    for r, box in exchange_recvs(mesh, shape, step.before, step.after, mc.digits):
+        if r == mc.rank:
+            pieces_out[r] = _rel(box, mine_b)
+        pieces_in[r] = _rel(box, mine_a)
+    _alltoallw(ctx, mc.comm, region, out, pieces_out, pieces_in)
+    sent = sum(math.prod(s) for r, (_, s) in pieces_out.items() if r != mc.rank)
+    return out, sent * ctx.itemsize
+
+
+_RUN = {"slice": _slice, "all_gather": _group_move, "all_to_all": _group_move,
+        "reduce_scatter": _reduce_scatter, "all_reduce": _all_reduce,
+        "permute": _permute, "exchange": _exchange}

@@ -136,25 +136,25 @@ def _exact_sends(shape, before, after, mesh_axes):
     return sent
 
 
-def group_sends(shape, itemsize, before, after, group, mesh_axes):
-    """Max over ranks of bytes sent to (or received from) the rest of ``group``.
+def group_sends(shape, itemsize, op, before, after, mesh_axes):
+    """Max over ranks of bytes sent to (or received from) the rest of a group.
 
-    Each member gets the part of the sender's ``before`` block that lies in
-    its ``after`` block: exact for all-to-all and reduce-scatter with uneven
-    lengths, where the (G-1)/G convention undercounts.
+    Exact for all-to-all and reduce-scatter with uneven lengths, where the
+    (G-1)/G convention undercounts.  Within a group the data is conserved,
+    so a rank of an all-to-all sends all of its block but what it keeps and
+    receives all of its new block but what it had; in a ring reduce-scatter
+    every part but one passes through each member.
     """
-    digits, strides = all_digits(mesh_axes), _rank_strides(mesh_axes)
-    size = math.prod(s for _, s in mesh_axes)
-    ranks = np.arange(size)
-    own = _flat(digits, group)
     src = all_blocks(shape, before, mesh_axes)
     dst = all_blocks(shape, after, mesh_axes)
-    sent = np.zeros(size, dtype=np.int64)
-    recv = np.zeros(size, dtype=np.int64)
-    for u in range(group_size(group)):
-        r = _set(ranks, digits, strides, group, np.full(size, u))
-        sent += np.where(own != u, _box_volume(src, dst, r), 0)
-        recv += np.where(own != u, _box_volume(src, dst, r, swap=True), 0)
+    have, need = _volumes(src), _volumes(dst)
+    if op == "reduce_scatter":
+        # a ring reduce-scatter passes every part but one through each rank
+        sent, recv = have - need, have.max(initial=0) - need.min(initial=0)
+    else:
+        kept = _volumes([(np.maximum(s0, d0), np.minimum(s1, d1))
+                         for (s0, s1), (d0, d1) in zip(src, dst)])
+        sent, recv = have - kept, need - kept
     return int(max(sent.max(initial=0), recv.max(initial=0))) * itemsize
 
 

@@ -213,18 +213,23 @@ def _score(shape, S, moves, mesh_axes):
     return peak, sent, rounds
 
 
-@lru_cache(maxsize=1024)
 def _move_bytes(shape, itemsize, before, move, mesh_axes):
+    """Bytes each rank sends in ``move`` (max over ranks)."""
+    return _move_elems(shape, before, move, mesh_axes) * itemsize
+
+
+@lru_cache(maxsize=1024)
+def _move_elems(shape, before, move, mesh_axes):
     op, axes, dims, after = move
-    operand = _elems(shape, before) * itemsize
+    operand = _elems(shape, before)
     if op == "slice":
         return 0
     if op == "permute":
         return operand if before != after else 0
     if op == "exchange":
-        return exchange_bytes(shape, itemsize, before, after, mesh_axes)[0]
+        return exchange_bytes(shape, 1, before, after, mesh_axes)[0]
     if op in ("all_to_all", "reduce_scatter") and not _even(shape, before, after):
-        return group_sends(shape, itemsize, before, after, axes, mesh_axes)
+        return group_sends(shape, 1, op, before, after, mesh_axes)
     return collective_bytes(op, operand, axes)
 
 

@@ -111,7 +111,7 @@ class Plan:
 
     def to_dict(self):
         return {"strategy": self.strategy, "mesh": str(self.mesh),
-                "global_shape": list(self.global_shape), "dtype": self.dtype,
+                "global_shape": list(self.global_shape), "dtype": str(self.dtype),
                 "src": str(self.src), "dst": str(self.dst),
                 "steps": [s.to_dict() for s in self.steps],
                 "src_local_bytes": self.src_local_bytes,

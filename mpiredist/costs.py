@@ -150,7 +150,7 @@ def group_sends(shape, itemsize, op, before, after, mesh_axes):
     have, need = _volumes(src), _volumes(dst)
     if op == "reduce_scatter":
         # a ring reduce-scatter passes every part but one through each rank
-        sent, recv = have - need, have.max(initial=0) - need.min(initial=0)
+        sent, recv = have - need, have.max(initial=0) - (need.min() if need.size else 0)
     else:
         kept = _volumes([(np.maximum(s0, d0), np.minimum(s1, d1))
                          for (s0, s1), (d0, d1) in zip(src, dst)])

@@ -1,0 +1,1 @@
+"""Benchmark of redistribution strategies: shared cases, XLA's plans, a network model."""

@@ -1,0 +1,169 @@
+"""Command line: ``python -m mpiredist SUBCOMMAND ...`` (each with ``--help``).
+
+Subcommands register themselves in :data:`COMMANDS` with :func:`command`;
+each gets its own argument parser and runs without MPI.  Bad input (a
+malformed mesh, layout, shape or dtype) prints one line on stderr and exits
+with status 2, as argparse does for bad flags.
+"""
+
+import argparse
+import sys
+
+from .errors import MpiredistError, ShapeError
+
+__all__ = ["COMMANDS", "command", "main", "parse_shape"]
+
+COMMANDS = {}
+
+STRATEGY_HELP = ("collectives: the paper's normal form (memory bound proven); "
+                 "replicate: all-gather then slice (XLA's fallback); "
+                 "direct: one point-to-point exchange")
+
+
+def command(name, help):
+    """Register ``(add_arguments, run)`` under ``name``: a decorator of a class."""
+    def register(cls):
+        COMMANDS[name] = (help, cls)
+        return cls
+    return register
+
+
+def parse_shape(text):
+    """``"4096,4096"`` -> ``(4096, 4096)``; :class:`ShapeError` on anything else."""
+    parts = [p.strip() for p in text.split(",")] if text.strip() else []
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError:
+        raise ShapeError(f"shape {text!r}: expected comma-separated non-negative "
+                         "integers, e.g. 4096,4096") from None
+    if any(n < 0 for n in shape):
+        raise ShapeError(f"shape {text!r} has a negative length")
+    return shape
+
+
+def _add_case_flags(parser, required):
+    parser.add_argument("--mesh", required=required, metavar="AXES",
+                        help="mesh axes in order, NAME=SIZE comma-separated, "
+                             "e.g. x=2,y=4 (row-major, last axis fastest)")
+    parser.add_argument("--shape", required=required, metavar="N,N,...",
+                        help="global array shape, e.g. 4096,4096")
+    parser.add_argument("--src", required=required, metavar="LAYOUT",
+                        help="source layout, e.g. '[{x,y},{}]' (one {axes} per dim, "
+                             "major to minor; optional ' sum{z}' for partial sums)")
+    parser.add_argument("--dst", required=required, metavar="LAYOUT",
+                        help="target layout, same form as --src")
+
+
+@command("plan", help="plan a redistribution and print its steps (no MPI)")
+class PlanCommand:
+    """Print the plan of one redistribution (``plan.explain()`` or JSON)."""
+
+    @staticmethod
+    def add_arguments(parser):
+        _add_case_flags(parser, required=True)
+        parser.add_argument("--dtype", default="float32",
+                            help="element type, any numpy dtype name (default float32)")
+        from .planner import STRATEGIES
+        parser.add_argument("--strategy", default="collectives", choices=STRATEGIES,
+                            help=STRATEGY_HELP + " (default collectives)")
+        parser.add_argument("--json", action="store_true",
+                            help="print the plan as one JSON object (DESIGN.md section 4)")
+
+    @staticmethod
+    def run(args):
+        from .planner import plan
+        p = plan(parse_shape(args.shape), args.dtype, args.mesh, args.src, args.dst,
+                 strategy=args.strategy)
+        # default=str: the dtype is a numpy dtype object in Plan.to_dict.
+        print(p.to_json(indent=2, default=str) if args.json else p.explain())
+        return 0
+
+
+@command("model", help="model the run time of every strategy on N ranks (no MPI)")
+class ModelCommand:
+    """The plan-only table of :func:`mpiredist.bench.model.plan_only_table`."""
+
+    @staticmethod
+    def add_arguments(parser):
+        from .bench.model import ALPHA, BETA, MEMORY_BANDWIDTH, STRATEGIES
+        parser.add_argument("--ranks", type=int, metavar="N",
+                            help="devices to scale each case's mesh to (its size times "
+                                 "a power of two); default: each case's own mesh")
+        parser.add_argument("--case", action="append", metavar="ID",
+                            help="shared case to model, e.g. c04 (repeatable; default all)")
+        parser.add_argument("--strategy", action="append", choices=STRATEGIES,
+                            help="strategy to model (repeatable; default all; xla only "
+                                 "on a case's own mesh)")
+        _add_case_flags(parser, required=False)
+        parser.add_argument("--scale", type=int, default=1,
+                            help="divide every case length by this first (default 1)")
+        parser.add_argument("--keep-shape", action="store_true",
+                            help="keep the shape when scaling the mesh up (strong "
+                                 "scaling) instead of growing it (weak scaling)")
+        parser.add_argument("--alpha", type=float, default=ALPHA,
+                            help=f"seconds per message (default {ALPHA:g})")
+        parser.add_argument("--beta", type=float, default=BETA,
+                            help=f"bytes per second per rank (default {BETA:g})")
+        parser.add_argument("--memory-bandwidth", type=float, default=MEMORY_BANDWIDTH,
+                            help="bytes per second of a local copy "
+                                 f"(default {MEMORY_BANDWIDTH:g})")
+        parser.add_argument("--json", action="store_true",
+                            help="print the rows as a JSON list")
+
+    @staticmethod
+    def run(args):
+        import json
+
+        from .bench.cases import Case, get_case
+        from .bench.model import STRATEGIES, Network, format_table, plan_only_table
+        from .layout import Layout
+        from .mesh import Mesh
+        user = [args.mesh, args.shape, args.src, args.dst]
+        if any(user) and not all(user):
+            raise MpiredistError("a user case needs all of --mesh, --shape, --src, --dst")
+        if all(user):
+            cases = [Case("user", dict(Mesh(args.mesh).axes), parse_shape(args.shape),
+                          Layout.parse(args.src), Layout.parse(args.dst))]
+        elif args.case:
+            try:
+                cases = [get_case(c) for c in args.case]
+            except KeyError as exc:
+                raise MpiredistError(exc.args[0]) from None
+        else:
+            cases = None
+        try:
+            network = Network(args.alpha, args.beta, args.memory_bandwidth)
+        except ValueError as exc:
+            raise MpiredistError(str(exc)) from None
+        rows = plan_only_table(args.ranks, args.strategy or STRATEGIES, cases,
+                               args.scale, network, args.keep_shape)
+        if args.json:
+            print(json.dumps([r.to_dict() for r in rows], indent=2))
+        else:
+            print(format_table(rows))
+        return 0
+
+
+def build_parser():
+    """The top-level parser with one subparser per registered command."""
+    parser = argparse.ArgumentParser(
+        prog="python -m mpiredist",
+        description="Plan and model redistributions of distributed arrays "
+                    "(arXiv 2112.01075).  The MPI benchmark is "
+                    "'mpirun -n 8 python -m mpiredist.bench'.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (help, cls) in COMMANDS.items():
+        p = sub.add_parser(name, help=help, description=(cls.__doc__ or help).strip())
+        cls.add_arguments(p)
+        p.set_defaults(run=cls.run)
+    return parser
+
+
+def main(argv=None):
+    """Run the command line; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except MpiredistError as exc:
+        print(f"mpiredist {args.command}: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,57 @@
+"""Assertion helpers for MPI tests that agree across ranks.
+
+A plain ``assert`` that fails on one rank leaves the other ranks waiting
+in their next collective until the run times out.  These helpers are
+themselves collective: call them on every rank of ``comm``, in the same
+order, and either all ranks pass or all ranks fail with the same message.
+"""
+
+import numpy
+import pytest
+
+
+def all_ok(comm, flag, msg=""):
+    """Assert that `flag` is true on every rank of `comm`; collective.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Communicator whose ranks all call this function.
+    flag : bool
+        This rank's verdict.
+    msg : str
+        What was checked; the failure names the ranks where it was false.
+
+    Raises
+    ------
+    AssertionError
+        On every rank, when `flag` is false on at least one rank.
+    """
+    flags = comm.allgather(bool(flag))
+    if not all(flags):
+        bad = [rank for rank, ok in enumerate(flags) if not ok]
+        mine = "" if flag else " (including this rank)"
+        raise AssertionError(f"{msg or 'check'} failed on rank(s) {bad} of "
+                             f"{comm.size}{mine}; this is rank {comm.rank}")
+
+
+def all_array_equal(comm, actual, expected, msg=""):
+    """Assert that `actual` equals `expected` (shape, dtype, values) on every rank.
+
+    A mismatch is described on the rank where it occurs; every rank raises.
+    """
+    actual = numpy.asarray(actual)
+    expected = numpy.asarray(expected)
+    ok = (actual.shape == expected.shape and actual.dtype == expected.dtype
+          and numpy.array_equal(actual, expected))
+    detail = ""
+    if not ok:
+        detail = (f": rank {comm.rank} has shape {actual.shape} dtype {actual.dtype}, "
+                  f"expected shape {expected.shape} dtype {expected.dtype}")
+    all_ok(comm, ok, (msg or "arrays differ") + detail)
+
+
+def need_ranks(comm, n):
+    """Skip the calling test, on every rank, when `comm` has fewer than `n` ranks."""
+    if comm.size < n:
+        pytest.skip(f"needs at least {n} MPI ranks, running with {comm.size}")

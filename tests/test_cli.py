@@ -1,0 +1,125 @@
+"""``python -m mpiredist``: subcommand registry, ``plan`` output and errors."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mpiredist as mr
+from mpiredist import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ["--mesh", "x=2,y=4", "--shape", "4096,4096", "--src", "[{x,y},{}]",
+        "--dst", "[{},{x,y}]"]
+PLAN_KEYS = {"strategy", "steps", "src_local_bytes", "dst_local_bytes",
+             "peak_local_bytes", "bytes_sent_per_rank", "lower_bound_bytes_per_rank"}
+STEP_KEYS = {"op", "axes", "dims", "local_shape_before", "local_shape_after",
+             "bytes_sent_per_rank"}
+
+
+def _run(*argv, block_mpi=True):
+    """Run ``python -m mpiredist`` in a fresh interpreter where mpi4py cannot import."""
+    code = ("import sys, runpy\n"
+            + ("sys.modules['mpi4py'] = None\n" if block_mpi else "")
+            + "sys.argv = ['mpiredist'] + sys.argv[1:]\n"
+            "try:\n"
+            "    runpy.run_module('mpiredist', run_name='__main__', alter_sys=True)\n"
+            "finally:\n"
+            "    assert 'mpi4py' not in sys.modules or sys.modules['mpi4py'] is None\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=120)
+
+
+def test_help_lists_subcommands():
+    out = _run("--help")
+    assert out.returncode == 0, out.stderr
+    for name in cli.COMMANDS:
+        assert name in out.stdout
+    assert {"plan", "model"} <= set(cli.COMMANDS)
+
+
+def test_plan_help_documents_every_flag():
+    out = _run("plan", "--help")
+    assert out.returncode == 0
+    for flag in ("--mesh", "--shape", "--src", "--dst", "--dtype", "--strategy", "--json",
+                 "collectives", "replicate", "direct"):
+        assert flag in out.stdout
+
+
+def test_plan_prints_explain_without_mpi():
+    out = _run("plan", *ARGS)
+    assert out.returncode == 0, out.stderr
+    want = mr.plan((4096, 4096), "float32", {"x": 2, "y": 4}, "[{x,y},{}]", "[{},{x,y}]")
+    assert out.stdout.strip() == want.explain().strip()
+    assert out.stderr == ""
+
+
+@pytest.mark.parametrize("strategy", ["collectives", "replicate", "direct"])
+def test_plan_json(capsys, strategy):
+    assert cli.main(["plan", *ARGS, "--dtype", "float64", "--json",
+                     "--strategy", strategy]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert PLAN_KEYS <= set(doc)
+    assert doc["strategy"] == strategy and doc["dtype"] == "float64"
+    assert doc["src_local_bytes"] == 512 * 4096 * 8
+    for step in doc["steps"]:
+        assert STEP_KEYS <= set(step)
+    assert doc["bytes_sent_per_rank"] == sum(s["bytes_sent_per_rank"] for s in doc["steps"])
+
+
+@pytest.mark.parametrize("flag, value, culprit", [
+    ("--mesh", "x=2,y=four", "'y'"),
+    ("--mesh", "x=2,x=4", "'x'"),
+    ("--mesh", "x=0,y=4", "'x'"),
+    ("--shape", "4096,abc", "4096,abc"),
+    ("--shape", "4096,-1", "negative"),
+    ("--shape", "4096", "dimension"),
+    ("--src", "[{x,y}", "[{x,y}"),
+    ("--src", "[{x,x},{}]", "'x'"),
+    ("--dst", "[{},{z}]", "'z'"),
+    ("--dst", "[{},{}] sum{x}", "partial"),
+    ("--dtype", "float33", "float33"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, flag, value, culprit):
+    argv = ["plan", *ARGS, flag, value]
+    assert cli.main(argv) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mpiredist plan: error: ")
+    assert culprit in lines[0]
+
+
+def test_bad_input_in_a_fresh_process():
+    out = _run("plan", *ARGS, "--src", "[{w},{}]")
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "'w'" in out.stderr
+
+
+def test_model_subcommand(capsys):
+    assert cli.main(["model", "--case", "c04", "--strategy", "collectives",
+                     "--strategy", "xla", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["strategy"] for r in rows] == ["collectives", "xla"]
+    assert rows[1]["bytes_sent_per_rank"] == 12582912
+    assert cli.main(["model", "--ranks", "64", "--mesh", "x=2,y=4", "--shape", "64,64",
+                     "--src", "[{x},{y}]", "--dst", "[{y},{x}]", "--alpha", "1e-5"]) == 0
+    assert "x=4,y=16" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, culprit", [
+    (["model", "--ranks", "12"], "12 ranks"),
+    (["model", "--case", "c99"], "c99"),
+    (["model", "--beta", "0"], "beta"),
+    (["model", "--mesh", "x=2"], "--shape"),
+])
+def test_model_bad_input(capsys, argv, culprit):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and culprit in err[0]

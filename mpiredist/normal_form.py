@@ -21,7 +21,7 @@ from collections import Counter
 from .blocks import aligned, group_size
 from .subaxes import prime_factors
 
-__all__ = ["shrink", "rearrange", "finish", "direct_permute"]
+__all__ = ["shrink", "rearrange", "finish", "fix_counts", "direct_permute"]
 
 
 def _with(state, changes, partial=None):
@@ -160,6 +160,57 @@ def finish(shape, state, target):
     if gathers is None:
         return None
     return [permute_move(state, fixed)] + gathers
+
+
+def _wanted_counts(state, target):
+    """Shard count per dim that ``finish`` needs: target axes plus extras."""
+    extras = [a for d in state.dims for a in d if a not in target.used()]
+    counts = [Counter(prime_factors(group_size(w))) for w in target.dims]
+    spare = Counter(a.size for a in extras)
+    return counts, spare
+
+
+def fix_counts(shape, state, target):
+    """All-to-alls of minor sub-axes until a permute can finish; None if stuck.
+
+    Moves the minor sub-axes of a dim with more shards than the target
+    wants to a dim with fewer, fusing consecutive sub-axes with the same
+    source and destination into one all-to-all.
+    """
+    moves = []
+    for _ in range(sum(len(d) for d in state.dims)):
+        if _permute_target(state, target) is not None:
+            return state, moves
+        move = _count_move(shape, state, target)
+        if move is None:
+            return None
+        moves.append(move)
+        state = move[3]
+    return None
+
+
+def _count_move(shape, state, target):
+    want, spare = _wanted_counts(state, target)
+    have = [Counter(prime_factors(group_size(d))) for d in state.dims]
+    for i, dim in enumerate(state.dims):
+        k = 0
+        surplus = have[i] - want[i]
+        while k < len(dim) and surplus[dim[len(dim) - 1 - k].size] > 0:
+            surplus[dim[len(dim) - 1 - k].size] -= 1
+            k += 1
+        if not k:
+            continue
+        for j in range(len(state.dims)):
+            deficit = want[j] - have[j]
+            group = dim[len(dim) - k:]
+            if j == i or not all(deficit[p] >= n for p, n in Counter(a.size for a in group).items()):
+                continue
+            g = group_size(group)
+            if aligned(shape[i], group_size(dim) // g, g) and aligned(
+                    shape[j], group_size(state.dims[j]), g):
+                after = _with(state, {i: dim[:len(dim) - k], j: state.dims[j] + group})
+                return ("all_to_all", group, (i, j), after)
+    return None
 
 
 def permute_move(before, after):

@@ -40,7 +40,7 @@ STRATEGIES = ("collectives", "replicate", "direct")
 EXCHANGE_MIN_SAVING = 0.10
 
 
-def plan(global_shape, dtype, mesh, src, dst, strategy="collectives"):
+def plan(global_shape, dtype, mesh, src, dst, strategy="collectives", allow_exchange=True):
     """Plan the redistribution of an array from layout ``src`` to ``dst``.
 
     Parameters
@@ -51,6 +51,10 @@ def plan(global_shape, dtype, mesh, src, dst, strategy="collectives"):
         Only the axis names and sizes are used; no MPI is needed.
     src, dst : Layout or str
     strategy : {"collectives", "replicate", "direct"}
+    allow_exchange : bool
+        With False, ``collectives`` takes an exchange step only where no
+        sequence of collectives exists (the in-place executor asks for this:
+        collectives run in place, an exchange does not).
 
     Returns
     -------
@@ -70,7 +74,7 @@ def plan(global_shape, dtype, mesh, src, dst, strategy="collectives"):
     shape, dtype, mesh, src, dst = validate(global_shape, dtype, mesh, src, dst)
     if strategy not in STRATEGIES:
         raise PlanError(f"strategy {strategy!r} is not one of {STRATEGIES}")
-    return _plan(shape, dtype, mesh, src, dst, strategy)
+    return _plan(shape, dtype, mesh, src, dst, strategy, bool(allow_exchange))
 
 
 def validate(global_shape, dtype, mesh, src, dst):
@@ -117,10 +121,13 @@ def _check_reducible(dtype, src):
 
 
 @lru_cache(maxsize=512)
-def _plan(shape, dtype, mesh, src, dst, strategy):
+def _plan(shape, dtype, mesh, src, dst, strategy, allow_exchange=True):
     S, T = expand(src, mesh), expand(dst, mesh)
-    build = {"collectives": _collectives, "replicate": _replicate, "direct": _direct}
-    moves, note = build[strategy](shape, S, T, mesh.axes)
+    if strategy == "collectives":
+        moves, note = _collectives(shape, S, T, mesh.axes, allow_exchange)
+    else:
+        build = {"replicate": _replicate, "direct": _direct}
+        moves, note = build[strategy](shape, S, T, mesh.axes)
     return assemble(shape, dtype, mesh, src, dst, strategy, moves, note)
 
 
@@ -156,7 +163,7 @@ def _replicate(shape, S, T, mesh_axes):
     return moves, ""
 
 
-def _collectives(shape, S, T, mesh_axes):
+def _collectives(shape, S, T, mesh_axes, allow_exchange=True):
     """Candidates of the normal form; the cheapest valid one and its note."""
     candidates = []
     direct = nf.direct_permute(S, T)
@@ -170,14 +177,19 @@ def _collectives(shape, S, T, mesh_axes):
         if tail is not None:
             candidates.append(head + middle + tail)
         else:
+            fixed = nf.fix_counts(shape, mid_state, T)
+            if fixed is not None:
+                tail = nf.finish(shape, fixed[0], T)
+                if tail is not None:
+                    candidates.append(head + middle + fixed[1] + tail)
             candidates.append(head + middle + _exchange(mid_state, T))
         candidates.append(head + _exchange(state, T))
     reduced, head = _reduce_all(S, T)
     candidates.append(head + _exchange(reduced, T))
-    return _choose(shape, S, candidates, mesh_axes)
+    return _choose(shape, S, candidates, mesh_axes, allow_exchange)
 
 
-def _choose(shape, S, candidates, mesh_axes):
+def _choose(shape, S, candidates, mesh_axes, allow_exchange=True):
     scored = []
     for moves in candidates:
         peak, sent, rounds = _score(shape, S, moves, mesh_axes)
@@ -190,7 +202,7 @@ def _choose(shape, S, candidates, mesh_axes):
         return mixed[3], ("one exchange step: no normal-form sequence of collectives "
                           "reaches the target here (uneven shards that do not nest, or "
                           "shard counts that no all-to-all or permute can match)")
-    if mixed is not None and mixed[1] < (1 - EXCHANGE_MIN_SAVING) * plain[1]:
+    if allow_exchange and mixed is not None and mixed[1] < (1 - EXCHANGE_MIN_SAVING) * plain[1]:
         return mixed[3], (f"one exchange step: sends {mixed[1]} elements per rank "
                           f"against {plain[1]} for the collective-only plan")
     return plain[3], ""

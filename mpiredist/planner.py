@@ -186,7 +186,25 @@ def _collectives(shape, S, T, mesh_axes, allow_exchange=True):
         candidates.append(head + _exchange(state, T))
     reduced, head = _reduce_all(S, T)
     candidates.append(head + _exchange(reduced, T))
+    candidates.append(head + _gather_within_bound(shape, reduced, S, T))
     return _choose(shape, S, candidates, mesh_axes, allow_exchange)
+
+
+def _gather_within_bound(shape, state, S, T):
+    """All-gathers while the block stays within the bound, then an exchange.
+
+    Where few ranks hold data that many need (uneven lengths leaving most
+    shards empty), gathering first spreads the copies that an exchange would
+    send from one holder.
+    """
+    limit = max(_elems(shape, S), _elems(shape, T))
+    moves = []
+    for d, group in enumerate(state.dims):
+        after = nf._with(state, {d: ()})
+        if group and _elems(shape, after) <= limit:
+            moves.append(("all_gather", group, (d,), after))
+            state = after
+    return moves + _exchange(state, T)
 
 
 def _choose(shape, S, candidates, mesh_axes, allow_exchange=True):

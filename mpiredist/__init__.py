@@ -4,7 +4,7 @@ Planning (meshes, layouts, plans, the simulator) needs only numpy; running
 plans needs mpi4py, imported when first used.
 """
 
-from .errors import (CommunicationError, LayoutError, MeshError, MismatchError,
+from .errors import (BudgetWarning, CommunicationError, LayoutError, MeshError, MismatchError,
                      MpiredistError, PlanError, RemoteError, ShapeError)
 from .layout import Layout
 from .mesh import Mesh
@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 __all__ = ["Mesh", "Layout", "Plan", "Step", "plan", "DistArray", "redistribute",
            "MpiredistError", "LayoutError", "MeshError", "ShapeError", "PlanError",
-           "MismatchError", "RemoteError", "CommunicationError"]
+           "MismatchError", "RemoteError", "CommunicationError", "BudgetWarning"]
 
 
 def __getattr__(name):

@@ -5,12 +5,17 @@ Nothing here communicates except the documented collective methods
 :meth:`DistArray.gather`); ``repr`` and properties are local.
 """
 
+import warnings
+
 from . import planner
 from .agree import agree_on, check
 from .blocks import rank_block
 from .comm import mesh_comm, mpi
-from .errors import MeshError, ShapeError
+from .errors import BudgetWarning, MeshError, ShapeError
+from .backend import is_gpu
+from .budget import assess
 from .executor import execute
+from .executor_inplace import execute_inplace
 from .layout import Layout
 from .mesh import Mesh
 from .subaxes import expand, rank_digits
@@ -132,7 +137,8 @@ class DistArray:
         """The plan :meth:`redistribute` would run (no communication)."""
         return planner.plan(self._shape, self.dtype, self._mesh, self._layout, dst, strategy)
 
-    def redistribute(self, dst, donate=False, strategy="collectives", records=None):
+    def redistribute(self, dst, donate=False, strategy="collectives", records=None,
+                     workspace_bytes=None):
         """Return this array in layout ``dst`` (collective).
 
         Parameters
@@ -144,9 +150,12 @@ class DistArray:
         strategy : {"collectives", "replicate", "direct"}
         records : list, optional
             Receives one :class:`~mpiredist.executor.StepRecord` per step.
+        workspace_bytes : int, optional
+            Budget W for temporary buffers (see :func:`redistribute`).
         """
         out = redistribute(self._local, self._shape, self._mesh, self._layout, dst,
-                           donate=donate, strategy=strategy, records=records)
+                           donate=donate, strategy=strategy, records=records,
+                           workspace_bytes=workspace_bytes)
         return DistArray(out, self._shape, Layout.parse(dst), self._mesh)
 
     def redistribute_(self, dst, **kwargs):
@@ -172,7 +181,7 @@ def _is_shape(shape):
 
 
 def redistribute(local, global_shape, mesh, src, dst, donate=False,
-                 strategy="collectives", records=None):
+                 strategy="collectives", records=None, workspace_bytes=None):
     """Redistribute this rank's block ``local`` from ``src`` to ``dst`` (collective).
 
     Returns this rank's block of the target layout.  Every rank validates its
@@ -180,6 +189,14 @@ def redistribute(local, global_shape, mesh, src, dst, donate=False,
     one small collective before any data moves; a problem on any rank raises
     a ``ValueError`` subclass on every rank.  ``local`` is not written unless
     ``donate`` is True.
+
+    Memory (DESIGN.md section 3): with S and T the source and target block
+    bytes and W = ``workspace_bytes`` (default ``max(S, T) // 4 + 1 MiB``),
+    the call allocates at most ``max(S, T) + W`` bytes, or
+    ``max(0, T - S) + W`` when ``donate`` is True.  The fast out-of-place
+    executor runs when it fits; otherwise the plan runs inside one buffer
+    (:mod:`mpiredist.executor_inplace`).  If some step cannot run in place, a
+    :class:`~mpiredist.errors.BudgetWarning` says so before anything runs.
     """
     mesh = _mesh(mesh)
     comm = _base_comm(mesh)
@@ -193,7 +210,18 @@ def redistribute(local, global_shape, mesh, src, dst, donate=False,
     except ValueError as exc:
         error = exc
     agree_on(comm, "redistribute", error, mesh=mesh, shape=tuple(global_shape),
-             dtype=getattr(local, "dtype", None), src=src, dst=dst, strategy=strategy)
-    return execute(plan, local, mesh_comm(mesh), records)
+             dtype=getattr(local, "dtype", None), src=src, dst=dst, strategy=strategy,
+             donate=bool(donate), workspace=workspace_bytes)
+    mc = mesh_comm(mesh)
+    fits = assess(plan, donate, workspace_bytes)
+    if is_gpu(local) or (not donate and fits.out_of_place_peak <= fits.limit):
+        return execute(plan, local, mc, records)
+    if strategy == "collectives":
+        plan = planner.plan(global_shape, local.dtype, mesh, src, dst, strategy,
+                            allow_exchange=False)
+        fits = assess(plan, donate, workspace_bytes)
+    if fits.inplace_peak > fits.limit:
+        warnings.warn(BudgetWarning(f"redistribute {src} -> {dst}: {fits}"), stacklevel=2)
+    return execute_inplace(plan, local, mc, donate, fits.workspace, records)
 
 

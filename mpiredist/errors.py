@@ -14,6 +14,7 @@ __all__ = [
     "MismatchError",
     "RemoteError",
     "CommunicationError",
+    "BudgetWarning",
 ]
 
 
@@ -47,3 +48,7 @@ class RemoteError(MpiredistError, ValueError):
 
 class CommunicationError(MpiredistError, RuntimeError):
     """An MPI call failed while a plan step was running."""
+
+
+class BudgetWarning(ResourceWarning):
+    """A redistribution will allocate more than its workspace budget allows."""

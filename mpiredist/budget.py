@@ -1,0 +1,99 @@
+"""The runtime memory contract, predicted from a plan before it runs.
+
+E is the number of bytes a call newly allocates at its peak; W the
+workspace budget (default ``max(S, T) // 4 + 1 MiB``).  DESIGN.md section 3:
+
+- not donated: E <= max(S, T) + W
+- donated:     E <= max(0, T - S) + W
+
+The out-of-place executor allocates each communicating step's output while
+the previous one is alive; the in-place executor runs every step inside one
+buffer of the plan's peak size.  A step that cannot run in place (an
+exchange, or an all-to-all or reduce-scatter whose uneven shards rule out
+``MPI_IN_PLACE``) needs a second buffer; :func:`assess` says so before
+anything runs.
+"""
+
+from dataclasses import dataclass
+
+MIB = 1 << 20
+
+__all__ = ["default_workspace", "Budget", "assess", "inplace_reason", "out_of_place_peak"]
+
+
+def default_workspace(plan):
+    """``max(S, T) // 4 + 1 MiB``: the default workspace budget W."""
+    return max(plan.src_local_bytes, plan.dst_local_bytes) // 4 + MIB
+
+
+def inplace_reason(plan, step):
+    """None if ``step`` can run in place, else why not."""
+    shape = plan.global_shape
+    if step.op == "exchange":
+        return "an exchange moves arbitrary pieces between ranks"
+    if step.op in ("all_to_all", "reduce_scatter"):
+        dims = step.dims
+        counts = [lay.counts() for lay in (step.before, step.after)]
+        even = all(shape[d] % c[d] == 0 for c in counts for d in dims)
+        if step.op == "reduce_scatter" and all(n == 1 for n in step.local_shape_before[:dims[0]]):
+            return None
+        if not even:
+            return f"uneven shards in dims {list(dims)} rule out MPI_IN_PLACE for {step.op}"
+    return None
+
+
+def out_of_place_peak(plan):
+    """E of the out-of-place executor: outputs of consecutive steps coexist."""
+    itemsize = plan.dtype.itemsize
+    live = peak = 0
+    for step in plan.steps:
+        if step.op == "slice":
+            continue
+        out = _bytes(step.local_shape_after, itemsize)
+        extra = _bytes(step.local_shape_before, itemsize) if step.op == "reduce_scatter" else 0
+        peak = max(peak, live + out + extra)
+        live = out
+    return peak
+
+
+def _bytes(shape, itemsize):
+    n = itemsize
+    for s in shape:
+        n *= s
+    return n
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a run will allocate, against the contract."""
+
+    workspace: int
+    limit: int
+    inplace_peak: int
+    out_of_place_peak: int
+    blocked: tuple          # (step index, reason) for steps that cannot run in place
+
+    @property
+    def inplace_ok(self):
+        return not self.blocked
+
+    def __str__(self):
+        text = (f"memory: limit {self.limit} B (W = {self.workspace} B), in place "
+                f"{self.inplace_peak} B, out of place {self.out_of_place_peak} B")
+        for i, why in self.blocked:
+            text += f"\n  step {i} cannot run in place: {why}"
+        return text
+
+
+def assess(plan, donate=False, workspace=None):
+    """Predict E for both executors and the contract's limit."""
+    w = default_workspace(plan) if workspace is None else int(workspace)
+    s, t = plan.src_local_bytes, plan.dst_local_bytes
+    limit = (max(0, t - s) if donate else max(s, t)) + w
+    blocked = tuple((i, why) for i, step in enumerate(plan.steps)
+                    if (why := inplace_reason(plan, step)) is not None)
+    buffer = max(plan.peak_local_bytes, s, t)
+    grow = buffer - s if donate else buffer
+    extra = max((_bytes(plan.steps[i].local_shape_after, plan.dtype.itemsize)
+                 for i, _ in blocked), default=0)
+    return Budget(w, limit, grow + min(w, buffer) + extra, out_of_place_peak(plan), blocked)

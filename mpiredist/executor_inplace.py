@@ -1,0 +1,259 @@
+"""Run a plan inside one working buffer: the measured peak stays at the bound.
+
+The buffer has the plan's peak size, at most max(S, T) (the theorem).  When
+the caller donates its block the buffer is that block's own memory, grown or
+shrunk with ``realloc`` (``ndarray.resize``), so only max(0, T - S) bytes are
+new.  Every step keeps the current block C-contiguous at the front:
+
+============== ==========================================================
+slice          :func:`~mpiredist.inplace.compact` (chunked, in place)
+all_gather     expand own block to its slot, ``Allgatherv(MPI_IN_PLACE)``
+               with a strided (resized vector) datatype
+all_to_all     ``Alltoall(MPI_IN_PLACE)`` on a strided datatype, then an
+               in-place block transpose (cycle following)
+reduce_scatter block transpose if the dim is not outermost, then
+               ``Reduce_scatter(MPI_IN_PLACE)``
+all_reduce     ``Allreduce(MPI_IN_PLACE)``
+permute        ``Sendrecv`` in chunks through a workspace-sized buffer
+exchange       not in place: an extra output buffer (the budget says so)
+============== ==========================================================
+
+Temporaries are at most half the workspace each.  Memory that MPI allocates
+internally (e.g. MPICH's in-place all-to-all swaps one block at a time) is
+not visible to tracemalloc and not counted here.
+"""
+
+import math
+
+import numpy as np
+
+from . import executor
+from .blocks import rank_block
+from .budget import inplace_reason
+from .comm import mpi
+from .errors import CommunicationError
+from .executor import Region, StepRecord
+from .inplace import compact, expand, transpose
+from .routing import permute_dest, permute_source
+
+__all__ = ["execute_inplace", "can_resize"]
+
+
+def can_resize(array):
+    """True if ``array`` owns a C-contiguous numpy buffer that ``resize`` may grow."""
+    return (isinstance(array, np.ndarray) and array.flags.owndata
+            and array.flags.c_contiguous and array.base is None)
+
+
+class _Run:
+    """State of one in-place run: the buffer, the current shape, MPI helpers."""
+
+    def __init__(self, plan, local, mc, donate, workspace):
+        self.plan, self.mc = plan, mc
+        self.MPI = mpi()
+        self.itemsize = plan.dtype.itemsize
+        self.chunk = max(self.itemsize, workspace // 2)
+        self.shape = tuple(local.shape)
+        capacity = max(plan.peak_local_bytes, plan.src_local_bytes, plan.dst_local_bytes)
+        self.owner = local if donate and can_resize(local) else None
+        if self.owner is not None:
+            elems = -(-capacity // self.itemsize)
+            if elems > local.size:
+                local.resize(elems, refcheck=False)
+            else:
+                local.shape = (local.size,)
+            self.buf = local.view(np.uint8)
+        else:
+            self.buf = np.empty(capacity, dtype=np.uint8)
+            np.copyto(self.typed(self.shape), local)
+        self.ctx = executor._Context(plan, mc, np)
+
+    def typed(self, shape):
+        n = math.prod(shape) * self.itemsize
+        return self.buf[:n].view(self.plan.dtype).reshape(shape)
+
+    def block(self, layout, digits=None):
+        return rank_block(self.plan.global_shape, layout, digits or self.mc.digits)
+
+    def result(self):
+        n = math.prod(self.shape) * self.itemsize
+        if self.owner is not None:
+            self.buf = None
+            self.owner.resize(n // self.itemsize, refcheck=False)
+            return self.owner.reshape(self.shape)
+        buf, self.buf = self.buf, None
+        buf.resize(n, refcheck=False)      # realloc: shrinks without a copy
+        return buf.view(self.plan.dtype).reshape(self.shape)
+
+
+def execute_inplace(plan, local, mc, donate=False, workspace=1 << 20, records=None):
+    """Run ``plan`` in one buffer; return this rank's target block.
+
+    With ``donate`` the caller's ``local`` (if it owns its memory) becomes the
+    buffer: it is resized and its contents are undefined afterwards.
+    """
+    run = _Run(plan, local, mc, donate, workspace)
+    try:
+        for step in plan.steps:
+            t0 = _now()
+            try:
+                if inplace_reason(plan, step) is None:
+                    sent = _STEP[step.op](run, step)
+                else:
+                    sent = _out_of_place(run, step)
+            except run.MPI.Exception as exc:
+                raise CommunicationError(f"MPI failed in step {step}: {exc}") from exc
+            finally:
+                run.ctx.free_types()
+            if records is not None:
+                records.append(StepRecord(step.op, int(sent), _now() - t0))
+    finally:
+        run.ctx.free()
+    return run.result()
+
+
+def _now():
+    import time
+    return time.perf_counter()
+
+
+def _rel(inner, outer):
+    return (tuple(lo - o for (lo, _), (o, _) in zip(inner, outer)),
+            tuple(hi - lo for lo, hi in inner))
+
+
+def _member(digits, group, m):
+    d = dict(digits)
+    for s in reversed(group):
+        m, d[s] = divmod(m, s.size)
+    return d
+
+
+def _commit(run, t):
+    run.ctx.types.append(t)
+    return t.Commit()
+
+
+def _strided(run, outer, run_bytes, stride_bytes, extent):
+    """``outer`` runs of ``run_bytes``, ``stride_bytes`` apart, resized to ``extent``."""
+    B = run.MPI.BYTE
+    base = B.Create_contiguous(run_bytes) if outer == 1 else B.Create_vector(
+        outer, run_bytes, stride_bytes)
+    run.ctx.types.append(base)
+    return _commit(run, base.Create_resized(0, extent))
+
+
+def _slice(run, step):
+    starts, box = _rel(run.block(step.after), run.block(step.before))
+    compact(run.buf, run.shape, starts, box, run.itemsize, run.chunk)
+    run.shape = box
+    return 0
+
+
+def _all_gather(run, step):
+    (d,) = step.dims
+    comm, digits = run.mc.sub(step.axes), run.mc.digits
+    mine = run.block(step.after)
+    out = tuple(hi - lo for lo, hi in mine)
+    starts, lengths = [], []
+    for m in range(comm.Get_size()):
+        (lo, hi) = run.block(step.before, _member(digits, step.axes, m))[d]
+        starts.append(lo - mine[d][0])
+        lengths.append(hi - lo)
+    me = comm.Get_rank()
+    place = [0] * len(out)
+    place[d] = starts[me]
+    expand(run.buf, run.shape, place, out, run.itemsize, run.chunk)
+    outer, inner = math.prod(out[:d]), math.prod(out[d + 1:]) * run.itemsize
+    if outer * inner:
+        t = _strided(run, outer, inner, out[d] * inner, inner)
+        comm.Allgatherv(run.MPI.IN_PLACE, [run.buf, lengths, starts, t])
+    sent = math.prod(run.shape) * run.itemsize * (comm.Get_size() - 1)
+    run.shape = out
+    return sent
+
+
+def _all_to_all(run, step):
+    i, j = step.dims
+    comm = run.mc.sub(step.axes)
+    g, shape, size = comm.Get_size(), list(run.shape), run.itemsize
+    cj = shape[j] // g
+    p, q = math.prod(shape[:j]), math.prod(shape[j + 1:]) * size
+    if p * q * cj:
+        t = _strided(run, p, cj * q, shape[j] * q, cj * q)
+        comm.Alltoall(run.MPI.IN_PLACE, [run.buf, 1, t])
+        if i < j:
+            transpose(run.buf, math.prod(shape[:i]), shape[i] * math.prod(shape[i + 1:j]), g,
+                      cj * q, run.chunk)
+        else:
+            transpose(run.buf, math.prod(shape[:j]), g, cj * math.prod(shape[j + 1:i]),
+                      shape[i] * math.prod(shape[i + 1:]) * size, run.chunk)
+    before = math.prod(shape) * size
+    shape[i], shape[j] = shape[i] * g, cj
+    run.shape = tuple(shape)
+    return before - before // g
+
+
+def _reduce_scatter(run, step):
+    (j,) = step.dims
+    comm, digits = run.mc.sub(step.axes), run.mc.digits
+    g, shape = comm.Get_size(), run.shape
+    outer, inner = math.prod(shape[:j]), math.prod(shape[j + 1:])
+    lengths = [run.block(step.after, _member(digits, step.axes, m))[j] for m in range(g)]
+    lengths = [hi - lo for lo, hi in lengths]
+    if outer > 1:
+        transpose(run.buf, 1, outer, g, lengths[0] * inner * run.itemsize, run.chunk)
+    counts = [outer * n * inner for n in lengths]
+    typed = run.ctx.MPI._typedict[run.plan.dtype.char]
+    comm.Reduce_scatter(run.MPI.IN_PLACE, [run.buf, sum(counts), typed], counts,
+                        executor._mpi_op(run.ctx))
+    me = comm.Get_rank()
+    run.shape = tuple(lengths[me] if k == j else n for k, n in enumerate(shape))
+    return (sum(counts) - counts[me]) * run.itemsize
+
+
+def _all_reduce(run, step):
+    comm = run.mc.sub(step.axes)
+    n = math.prod(run.shape)
+    typed = run.ctx.MPI._typedict[run.plan.dtype.char]
+    comm.Allreduce(run.MPI.IN_PLACE, [run.buf, n, typed], executor._mpi_op(run.ctx))
+    g = comm.Get_size()
+    return 2 * n * run.itemsize * (g - 1) // g
+
+
+def _permute(run, step):
+    mc, plan = run.mc, run.plan
+    dest = permute_dest(plan.mesh, step.before, step.after, mc.digits)
+    source = permute_source(plan.mesh, step.before, step.after, mc.digits)
+    out = tuple(hi - lo for lo, hi in run.block(step.after))
+    if dest == mc.rank and source == mc.rank:
+        return 0
+    send = math.prod(run.shape) * run.itemsize
+    recv = math.prod(out) * run.itemsize
+    rounds = -(-math.prod(step.local_shape_before) * run.itemsize // run.chunk)
+    staging = np.empty(min(run.chunk, max(send, recv, 1)), dtype=np.uint8)
+    B = run.MPI.BYTE
+    for k in range(rounds):
+        lo = k * run.chunk
+        ns, nr = max(0, min(run.chunk, send - lo)), max(0, min(run.chunk, recv - lo))
+        mc.comm.Sendrecv([run.buf[lo:lo + ns], ns, B], dest,
+                         recvbuf=[staging, nr, B], source=source)
+        run.buf[lo:lo + nr] = staging[:nr]
+    run.shape = out
+    return send if dest != mc.rank else 0
+
+
+def _out_of_place(run, step):
+    """A step that cannot run in place: into a new array, then back."""
+    region = Region(run.typed(run.shape))
+    new, sent = executor._RUN[step.op](run.ctx, step, region)
+    data = new.view() if not new.whole else new.base
+    run.shape = tuple(data.shape)
+    np.copyto(run.typed(run.shape), data)
+    return sent
+
+
+_STEP = {"slice": _slice, "all_gather": _all_gather, "all_to_all": _all_to_all,
+         "reduce_scatter": _reduce_scatter, "all_reduce": _all_reduce,
+         "permute": _permute}
+

@@ -1,0 +1,105 @@
+"""Local in-place data movement inside one byte buffer, in bounded chunks.
+
+The in-place executor keeps the current local block C-contiguous at the
+front of one working buffer.  These helpers rearrange it without a second
+full-size array: every temporary is at most ``chunk`` bytes (numpy copies an
+overlapping piece through a temporary of the piece's size).
+
+- :func:`compact` moves a box of the block to the front (a slice); each
+  element moves to a lower or equal offset, so pieces go front to back.
+- :func:`expand` is the inverse (an element moves up): pieces go back to
+  front.
+- :func:`transpose` swaps the two middle axes of an ``(A, R, C, E)`` array
+  by following the cycles of the permutation (in-place transposition as in
+  Catanzaro, Keller and Garland, PPoPP 2014, without their decomposition):
+  one saved element per cycle, moves batched over ``A`` and ``E`` within the
+  chunk.
+"""
+
+import math
+
+import numpy as np
+
+__all__ = ["as_array", "compact", "expand", "transpose", "pieces"]
+
+
+def as_array(buf, shape, itemsize):
+    """The first ``prod(shape)`` elements of byte buffer ``buf`` as (*shape, itemsize)."""
+    n = math.prod(shape) * itemsize
+    return buf[:n].reshape(tuple(shape) + (itemsize,))
+
+
+def pieces(shape, limit):
+    """Index tuples covering ``shape`` in C order, each piece ``<= limit`` elements."""
+    limit = max(1, limit)
+    if not shape:
+        yield ()
+        return
+    tail = math.prod(shape[1:])
+    if tail <= limit or len(shape) == 1:
+        step = max(1, limit // max(tail, 1)) if len(shape) > 1 else limit
+        for a in range(0, shape[0], step):
+            yield (slice(a, min(a + step, shape[0])),)
+        return
+    for a in range(shape[0]):
+        for rest in pieces(shape[1:], limit):
+            yield (a,) + rest
+
+
+def compact(buf, shape, starts, box, itemsize, chunk):
+    """Move the ``box`` at ``starts`` of the front block of ``shape`` to the front."""
+    if tuple(box) == tuple(shape) or math.prod(box) == 0:
+        return
+    full = as_array(buf, shape, itemsize)
+    src = full[tuple(slice(s, s + n) for s, n in zip(starts, box))]
+    dst = as_array(buf, box, itemsize)
+    for index in pieces(tuple(box), chunk // itemsize):
+        dst[index] = src[index]
+
+
+def expand(buf, box, starts, shape, itemsize, chunk):
+    """Move the front block of ``box`` to position ``starts`` of a block of ``shape``."""
+    if tuple(box) == tuple(shape) or math.prod(box) == 0:
+        return
+    full = as_array(buf, shape, itemsize)
+    dst = full[tuple(slice(s, s + n) for s, n in zip(starts, box))]
+    src = as_array(buf, box, itemsize)
+    for index in reversed(list(pieces(tuple(box), chunk // itemsize))):
+        dst[index] = src[index]
+
+
+def _cycles(rows, cols):
+    """Cycles of the transposition of a rows x cols matrix (length > 1).
+
+    Position ``j`` of the result takes the element at ``(j % rows) * cols + j // rows``.
+    """
+    n = rows * cols
+    seen = np.zeros(n, dtype=bool)
+    for start in range(1, n - 1):
+        if seen[start]:
+            continue
+        cycle, j = [], start
+        while not seen[j]:
+            seen[j] = True
+            cycle.append(j)
+            j = (j % rows) * cols + j // rows
+        if len(cycle) > 1:
+            yield cycle
+
+
+def transpose(buf, a, rows, cols, e, chunk):
+    """In place, turn the front ``(a, rows, cols, e)`` bytes into ``(a, cols, rows, e)``."""
+    if rows <= 1 or cols <= 1 or a * e == 0:
+        return
+    x = buf[:a * rows * cols * e].reshape(a, rows * cols, e)
+    # Batch over a and e so that each moved piece is at most ``chunk`` bytes.
+    e_step = max(1, min(e, chunk))
+    a_step = max(1, chunk // e_step)
+    for a0 in range(0, a, a_step):
+        for e0 in range(0, e, e_step):
+            part = x[a0:a0 + a_step, :, e0:e0 + e_step]
+            for cycle in _cycles(rows, cols):
+                saved = part[:, cycle[0]].copy()
+                for j, src in zip(cycle, cycle[1:]):
+                    part[:, j] = part[:, src]
+                part[:, cycle[-1]] = saved

@@ -260,8 +260,12 @@ def _reduce_scatter(ctx, step, region):
     outer = all(n == 1 for n in region.shape[:j])
     if outer and region.whole:
         packed = region.base
-    else:
-        packed = ctx.xp.concatenate([p.reshape(-1) for p in parts]) if parts else src
+    else:                                   # one pack buffer, each part copied once
+        packed = ctx.xp.empty(sum(counts), dtype=ctx.plan.dtype)
+        offset = 0
+        for part, n in zip(parts, counts):
+            packed[offset:offset + n].reshape(part.shape)[...] = part
+            offset += n
     out = _empty(ctx, _block(ctx, step.after, digits))
     synchronize(packed)
     typed = _typed(ctx)

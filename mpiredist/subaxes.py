@@ -93,7 +93,10 @@ class SubLayout(tuple):
     __slots__ = ()
 
     def __new__(cls, dims, partial=(), op="sum"):
-        return tuple.__new__(cls, (tuple(tuple(d) for d in dims), tuple(partial), op))
+        partial = tuple(partial)
+        # Like Layout: the op means nothing without partial axes.
+        return tuple.__new__(cls, (tuple(tuple(d) for d in dims), partial,
+                                   op if partial else "sum"))
 
     dims = property(lambda self: self[0])
     partial = property(lambda self: self[1])

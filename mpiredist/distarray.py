@@ -7,7 +7,9 @@ Nothing here communicates except the documented collective methods
 
 import warnings
 
-from . import planner
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from . import heat, ops, planner
 from .agree import agree_on, check
 from .blocks import rank_block
 from .comm import mesh_comm, mpi
@@ -168,6 +170,39 @@ class DistArray:
         """The full global array on every rank (collective)."""
         return self.redistribute(Layout.replicated(self.ndim)).local
 
+    @classmethod
+    def load_hdf5(cls, path, dataset, mesh, layout, comm=None):
+        """Read ``dataset`` of the HDF5 file ``path``, each rank only its block (collective).
+
+        See :func:`mpiredist.hdf5.read_block` for the errors raised on every rank.
+        """
+        from .hdf5 import read_block
+        mesh, layout = _mesh(mesh), Layout.parse(layout)
+        if comm is not None and mesh.comm is None:
+            mesh = mesh.with_comm(comm)
+        block, shape, _ = read_block(path, dataset, mesh, layout, comm)
+        return cls(block, shape, layout, mesh)
+
+    def save_hdf5(self, path, dataset, overwrite=False):
+        """Write the global array to ``dataset`` of ``path`` (collective).
+
+        A new file appears atomically; replicas are written once.  See
+        :func:`mpiredist.hdf5.write_blocks`.
+        """
+        from .hdf5 import write_blocks
+        write_blocks(path, dataset, self._local, self._shape, self._mesh, self._layout,
+                     self._mesh.comm, overwrite=overwrite)
+
+    # numpy protocol and analytics (mpiredist.ops, mpiredist.heat)
+    __array_ufunc__ = ops.array_ufunc
+    sum = ops.sum
+    mean = ops.mean
+    min = ops.min
+    max = ops.max
+    resplit = heat.resplit
+    resplit_ = heat.resplit_
+    split = property(heat.split)
+
     def __repr__(self):
         return (f"DistArray(shape={self._shape}, dtype={self.dtype}, "
                 f"layout={str(self._layout)!r}, mesh={self._mesh!r})")
@@ -225,3 +260,10 @@ def redistribute(local, global_shape, mesh, src, dst, donate=False,
     return execute_inplace(plan, local, mc, donate, fits.workspace, records)
 
 
+
+
+# Arithmetic operators through __array_ufunc__ (no ==/!= so DistArray stays
+# hashable, no in-place operators since ``out=`` is not supported).
+for _name in ops.OPERATORS:
+    setattr(DistArray, _name, getattr(NDArrayOperatorsMixin, _name))
+del _name

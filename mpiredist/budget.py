@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 MIB = 1 << 20
 
-__all__ = ["default_workspace", "Budget", "assess", "inplace_reason", "out_of_place_peak"]
+__all__ = ["default_workspace", "Budget", "assess", "inplace_reason", "frame_shape",
+           "buffer_bytes", "out_of_place_peak"]
 
 
 def default_workspace(plan):
@@ -28,18 +29,33 @@ def default_workspace(plan):
 
 def inplace_reason(plan, step):
     """None if ``step`` can run in place, else why not."""
-    shape = plan.global_shape
     if step.op == "exchange":
         return "an exchange moves arbitrary pieces between ranks"
-    if step.op in ("all_to_all", "reduce_scatter"):
-        dims = step.dims
-        counts = [lay.counts() for lay in (step.before, step.after)]
-        even = all(shape[d] % c[d] == 0 for c in counts for d in dims)
-        if step.op == "reduce_scatter" and all(n == 1 for n in step.local_shape_before[:dims[0]]):
-            return None
-        if not even:
-            return f"uneven shards in dims {list(dims)} rule out MPI_IN_PLACE for {step.op}"
     return None
+
+
+def frame_shape(plan, step):
+    """Padded block shape for an in-place all-to-all or reduce-scatter, or None.
+
+    With uneven lengths the members' pieces differ in size, which
+    ``MPI_IN_PLACE`` cannot express; padding each piece to the largest one
+    (as XLA does) makes them equal.  The padding is small: at most one
+    element per shard along the dims involved.
+    """
+    if step.op not in ("all_to_all", "reduce_scatter"):
+        return None
+    shape, g = plan.global_shape, step.group_size
+    frame = list(step.local_shape_before)
+    j = step.dims[-1]
+    frame[j] = g * -(-shape[j] // step.after.counts()[j])
+    return tuple(frame)
+
+
+def buffer_bytes(plan):
+    """Size of the in-place executor's buffer: the plan's peak, or a padded frame."""
+    frames = (_bytes(f, plan.dtype.itemsize) for f in map(lambda s: frame_shape(plan, s),
+                                                          plan.steps) if f is not None)
+    return max([plan.peak_local_bytes, plan.src_local_bytes, plan.dst_local_bytes, *frames])
 
 
 def out_of_place_peak(plan):
@@ -92,7 +108,7 @@ def assess(plan, donate=False, workspace=None):
     limit = (max(0, t - s) if donate else max(s, t)) + w
     blocked = tuple((i, why) for i, step in enumerate(plan.steps)
                     if (why := inplace_reason(plan, step)) is not None)
-    buffer = max(plan.peak_local_bytes, s, t)
+    buffer = buffer_bytes(plan)
     grow = buffer - s if donate else buffer
     extra = max((_bytes(plan.steps[i].local_shape_after, plan.dtype.itemsize)
                  for i, _ in blocked), default=0)

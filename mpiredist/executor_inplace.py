@@ -29,7 +29,7 @@ import numpy as np
 
 from . import executor
 from .blocks import rank_block
-from .budget import inplace_reason
+from .budget import buffer_bytes, frame_shape, inplace_reason
 from .comm import mpi
 from .errors import CommunicationError
 from .executor import Region, StepRecord
@@ -54,7 +54,7 @@ class _Run:
         self.itemsize = plan.dtype.itemsize
         self.chunk = max(self.itemsize, workspace // 2)
         self.shape = tuple(local.shape)
-        capacity = max(plan.peak_local_bytes, plan.src_local_bytes, plan.dst_local_bytes)
+        capacity = buffer_bytes(plan)
         self.owner = local if donate and can_resize(local) else None
         if self.owner is not None:
             elems = -(-capacity // self.itemsize)
@@ -173,9 +173,27 @@ def _all_gather(run, step):
     return sent
 
 
+def _pad(run, step):
+    """Pad the block to the step's frame (uneven shards); return the true shape."""
+    frame = frame_shape(run.plan, step)
+    true = run.shape
+    if frame != true:
+        expand(run.buf, true, (0,) * len(true), frame, run.itemsize, run.chunk)
+        run.shape = frame
+    return true
+
+
+def _unpad(run, true_after):
+    if run.shape != true_after:
+        compact(run.buf, run.shape, (0,) * len(true_after), true_after, run.itemsize,
+                run.chunk)
+        run.shape = true_after
+
+
 def _all_to_all(run, step):
     i, j = step.dims
     comm = run.mc.sub(step.axes)
+    true_before = _pad(run, step)
     g, shape, size = comm.Get_size(), list(run.shape), run.itemsize
     cj = shape[j] // g
     p, q = math.prod(shape[:j]), math.prod(shape[j + 1:]) * size
@@ -188,27 +206,38 @@ def _all_to_all(run, step):
         else:
             transpose(run.buf, math.prod(shape[:j]), g, cj * math.prod(shape[j + 1:i]),
                       shape[i] * math.prod(shape[i + 1:]) * size, run.chunk)
-    before = math.prod(shape) * size
     shape[i], shape[j] = shape[i] * g, cj
     run.shape = tuple(shape)
-    return before - before // g
+    after = run.block(step.after)
+    _unpad(run, tuple(hi - lo for lo, hi in after))
+    kept = math.prod(min(b1, a1) - max(b0, a0) if min(b1, a1) > max(b0, a0) else 0
+                     for (b0, b1), (a0, a1) in zip(run.block(step.before), after))
+    return (math.prod(true_before) - kept) * size
 
 
 def _reduce_scatter(run, step):
     (j,) = step.dims
-    comm, digits = run.mc.sub(step.axes), run.mc.digits
-    g, shape = comm.Get_size(), run.shape
-    outer, inner = math.prod(shape[:j]), math.prod(shape[j + 1:])
-    lengths = [run.block(step.after, _member(digits, step.axes, m))[j] for m in range(g)]
-    lengths = [hi - lo for lo, hi in lengths]
+    comm = run.mc.sub(step.axes)
+    g = comm.Get_size()
+    outer = math.prod(run.shape[:j])
     if outer > 1:
-        transpose(run.buf, 1, outer, g, lengths[0] * inner * run.itemsize, run.chunk)
-    counts = [outer * n * inner for n in lengths]
+        _pad(run, step)
+    shape = run.shape
+    inner = math.prod(shape[j + 1:])
+    if outer > 1:
+        transpose(run.buf, 1, outer, g, shape[j] // g * inner * run.itemsize, run.chunk)
+        counts = [outer * (shape[j] // g) * inner] * g
+    else:
+        lengths = [run.block(step.after, _member(run.mc.digits, step.axes, m))[j]
+                   for m in range(g)]
+        counts = [(hi - lo) * inner for lo, hi in lengths]
     typed = run.ctx.MPI._typedict[run.plan.dtype.char]
     comm.Reduce_scatter(run.MPI.IN_PLACE, [run.buf, sum(counts), typed], counts,
                         executor._mpi_op(run.ctx))
     me = comm.Get_rank()
-    run.shape = tuple(lengths[me] if k == j else n for k, n in enumerate(shape))
+    run.shape = tuple(counts[me] // max(1, outer * inner) if k == j else n
+                      for k, n in enumerate(shape))
+    _unpad(run, tuple(hi - lo for lo, hi in run.block(step.after)))
     return (sum(counts) - counts[me]) * run.itemsize
 
 

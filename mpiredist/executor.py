@@ -165,6 +165,8 @@ def _slice(ctx, step, region):
     digits = ctx.mc.digits
     before, after = _block(ctx, step.before, digits), _block(ctx, step.after, digits)
     starts, shape = _rel(after, before)
+    if not math.prod(shape):            # an empty block need not lie inside the old one
+        return Region(_empty(ctx, after)), 0
     return region.sub(starts, shape), 0
 
 
@@ -220,12 +222,16 @@ def _gather_is_concat(ctx, step, region, out):
 
 
 def _allgatherv(ctx, comm, region, out, step):
+    """Allgather when all blocks are equal (MPICH's Allgatherv is much slower)."""
     digits = ctx.mc.digits
     counts = [_volume(_block(ctx, step.before, _member_digits(digits, step.axes, m)))
               * ctx.itemsize for m in range(comm.Get_size())]
-    displs = [sum(counts[:m]) for m in range(len(counts))]
     count, t = ctx.subarray(region)
     synchronize(region.base)
+    if len(set(counts)) == 1:
+        comm.Allgather([region.base, count, t], [out.base, counts[0], ctx.MPI.BYTE])
+        return
+    displs = [sum(counts[:m]) for m in range(len(counts))]
     comm.Allgatherv([region.base, count, t], [out.base, counts, displs, ctx.MPI.BYTE])
 
 
@@ -283,7 +289,7 @@ def _all_reduce(ctx, step, region):
     typed = _typed(ctx)
     comm.Allreduce([src, typed], [out, typed], _mpi_op(ctx))
     g = comm.Get_size()
-    return Region(out), 2 * out.size * ctx.itemsize * (g - 1) // g
+    return Region(out), 2 * out.size * (g - 1) // g * ctx.itemsize
 
 
 def _permute(ctx, step, region):

@@ -247,7 +247,7 @@ def _all_reduce(run, step):
     typed = run.ctx.MPI._typedict[run.plan.dtype.char]
     comm.Allreduce(run.MPI.IN_PLACE, [run.buf, n, typed], executor._mpi_op(run.ctx))
     g = comm.Get_size()
-    return 2 * n * run.itemsize * (g - 1) // g
+    return 2 * n * (g - 1) // g * run.itemsize
 
 
 def _permute(run, step):

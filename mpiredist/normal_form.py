@@ -31,12 +31,18 @@ def _with(state, changes, partial=None):
     return state.replace(dims=tuple(dims), partial=partial)
 
 
-def shrink(shape, state, target):
-    """Phase 1: slices, reduce-scatters, all-reduce.  ``(state, moves)`` or None."""
+def shrink(shape, state, target, minimal=False):
+    """Phase 1: slices, reduce-scatters, all-reduce.  ``(state, moves)`` or None.
+
+    With ``minimal``, a dim is sliced only until it has as many shards as the
+    target wants (a permute can then relabel the rest, as XLA does).
+    """
     moves, used = [], state.used()
     changes, sliced, sliced_dims = {}, [], []
     for j, want in enumerate(target.dims):
         add = tuple(a for a in want if a not in used and a not in state.partial)
+        if minimal:
+            add = _enough(state.dims[j], want, add)
         if add:
             if not aligned(shape[j], group_size(state.dims[j]), group_size(add)):
                 return None
@@ -60,6 +66,15 @@ def shrink(shape, state, target):
         state = state.replace(partial=tuple(a for a in state.partial if a not in rest))
         moves.append(("all_reduce", rest, (), state))
     return state, moves
+
+
+def _enough(have, want, add):
+    """The shortest prefix of ``add`` that brings ``have`` to ``want``'s shard count."""
+    count, goal = group_size(have), group_size(want)
+    for k in range(len(add) + 1):
+        if count * group_size(add[:k]) >= goal:
+            return add[:k]
+    return add
 
 
 def _prefix(have, want):
@@ -126,11 +141,10 @@ def _permute_target(state, target):
                 pool.remove(a)
     for a in list(pool):                            # then anywhere that fits
         d = next((d for d in range(len(need)) if need[d][a.size]), None)
-        if d is None:
-            return None
-        need[d][a.size] -= 1
-        placed[d].append(a)
-        pool.remove(a)
+        if d is not None:                           # else it becomes replicated
+            need[d][a.size] -= 1
+            placed[d].append(a)
+            pool.remove(a)
     if any(sum(c.values()) for c in need):
         return None
     dims = tuple(want + tuple(p) for want, p in zip(target.dims, placed))

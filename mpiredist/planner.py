@@ -24,7 +24,8 @@ import numpy as np
 
 from . import normal_form as nf
 from .blocks import group_size, local_shape
-from .costs import collective_bytes, exchange_bytes, group_sends, lower_bound_bytes
+from .costs import (collective_bytes, exchange_bytes, group_sends, lower_bound_bytes,
+                    missing_elements)
 from .errors import PlanError, ShapeError
 from .layout import Layout
 from .mesh import Mesh
@@ -147,6 +148,9 @@ def _exchange(state, T):
 
 def _direct(shape, S, T, mesh_axes):
     state, moves = _reduce_all(S, T)
+    if state != T and not missing_elements(shape, state, T, mesh_axes).any():
+        # every rank already holds its target block: a local slice
+        return moves + [("slice", (), tuple(range(len(T.dims))), T)], ""
     return moves + _exchange(state, T), ""
 
 
@@ -164,30 +168,49 @@ def _replicate(shape, S, T, mesh_axes):
 
 
 def _collectives(shape, S, T, mesh_axes, allow_exchange=True):
-    """Candidates of the normal form; the cheapest valid one and its note."""
+    """Candidates of the normal form; the cheapest valid one and its note.
+
+    Partial sums are reduced either where the target shards (reduce-scatter,
+    the default) or all at once up front (one all-reduce: cheaper when most
+    shards of the scattered dim are empty).
+    """
     candidates = []
     direct = nf.direct_permute(S, T)
     if direct is not None:
         candidates.append(direct)
+    reduced, head = _reduce_all(S, T)
+    for start, first in ((S, []), (reduced, head)) if S != reduced else ((S, []),):
+        candidates += _normal_forms(shape, start, T, first)
+    candidates.append(head + _exchange(reduced, T))
+    candidates.append(head + _gather_within_bound(shape, reduced, S, T))
+    return _choose(shape, S, candidates, mesh_axes, allow_exchange)
+
+
+def _normal_forms(shape, S, T, first):
+    """Normal-form move lists from ``S``, each prefixed by ``first``."""
+    out = []
     shrunk = nf.shrink(shape, S, T)
     if shrunk is not None:
         state, head = shrunk
+        head = first + head
         mid_state, middle = nf.rearrange(shape, state, T)
         tail = nf.finish(shape, mid_state, T)
         if tail is not None:
-            candidates.append(head + middle + tail)
+            out.append(head + middle + tail)
         else:
             fixed = nf.fix_counts(shape, mid_state, T)
             if fixed is not None:
                 tail = nf.finish(shape, fixed[0], T)
                 if tail is not None:
-                    candidates.append(head + middle + fixed[1] + tail)
-            candidates.append(head + middle + _exchange(mid_state, T))
-        candidates.append(head + _exchange(state, T))
-    reduced, head = _reduce_all(S, T)
-    candidates.append(head + _exchange(reduced, T))
-    candidates.append(head + _gather_within_bound(shape, reduced, S, T))
-    return _choose(shape, S, candidates, mesh_axes, allow_exchange)
+                    out.append(head + middle + fixed[1] + tail)
+            out.append(head + middle + _exchange(mid_state, T))
+        out.append(head + _exchange(state, T))
+    for minimal in (True, False):       # fewer slices, or no shrink phase at all
+        shrunk = nf.shrink(shape, S, T, minimal=True) if minimal else (S, [])
+        tail = nf.finish(shape, shrunk[0], T) if shrunk and not shrunk[0].partial else None
+        if tail is not None:
+            out.append(first + shrunk[1] + tail)
+    return out
 
 
 def _gather_within_bound(shape, state, S, T):

@@ -53,6 +53,8 @@ def _relative(box, outer):
 def _slice(plan, step, state, digits, r):
     before = rank_block(plan.global_shape, step.before, digits[r])
     after = rank_block(plan.global_shape, step.after, digits[r])
+    if any(hi <= lo for lo, hi in after):
+        return np.empty(tuple(hi - lo for lo, hi in after), dtype=plan.dtype)
     return state[r][_relative(after, before)].copy()
 
 

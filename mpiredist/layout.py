@@ -156,7 +156,8 @@ class Layout:
         return out
 
     def _key(self):
-        return (self.dims, self.partial, self.op if self.partial else "sum")
+        # partial axes are a set: ``sum{x,y}`` equals ``sum{y,x}``
+        return (self.dims, tuple(sorted(self.partial)), self.op if self.partial else "sum")
 
     def __eq__(self, other):
         return isinstance(other, Layout) and self._key() == other._key()

@@ -39,7 +39,7 @@ def _parse_axes(axes):
 def _validate(items):
     seen = set()
     for item in items:
-        if len(item) != 2:
+        if not isinstance(item, tuple) or len(item) != 2:
             raise MeshError(f"mesh axis {item!r}: expected (name, size)")
         name, size = item
         if not isinstance(name, str) or not _NAME.match(name):
@@ -74,10 +74,9 @@ class Mesh:
     __slots__ = ("_axes", "_comm")
 
     def __init__(self, axes, comm=None):
-        items = tuple((str(n) if isinstance(n, str) else n,
-                       int(s) if isinstance(s, int) and not isinstance(s, bool) else s)
-                      for n, s in _parse_axes(axes))
+        items = _parse_axes(axes)
         _validate(items)
+        items = tuple((n, int(s)) for n, s in items)
         object.__setattr__(self, "_axes", items)
         object.__setattr__(self, "_comm", comm)
 

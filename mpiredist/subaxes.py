@@ -93,7 +93,7 @@ class SubLayout(tuple):
     __slots__ = ()
 
     def __new__(cls, dims, partial=(), op="sum"):
-        partial = tuple(partial)
+        partial = tuple(sorted(partial))    # a set: its order means nothing
         # Like Layout: the op means nothing without partial axes.
         return tuple.__new__(cls, (tuple(tuple(d) for d in dims), partial,
                                    op if partial else "sum"))

@@ -1,0 +1,274 @@
+"""``mpirun -n 8 python -m mpiredist.bench [...]``: the benchmark (``--help``).
+
+:func:`main` takes ``argv`` and a communicator, so tests run it in-process.
+``--plan-only`` never imports mpi4py.
+"""
+
+import argparse
+import sys
+import textwrap
+import time
+
+from ..cli import parse_shape
+from ..errors import MpiredistError, PlanError, ShapeError
+from ..layout import Layout
+from ..mesh import Mesh
+
+__all__ = ["build_parser", "main", "QUICK_SCALE", "QUICK_REPEATS"]
+
+ALL_STRATEGIES = ("collectives", "xla", "replicate", "direct", "raw")
+# --quick: 17 cases x 5 strategies at 8 ranks on 2 cores in under 2 minutes.
+QUICK_SCALE, QUICK_REPEATS = 4, 3
+DEFAULT_REPEATS = 5
+
+DESCRIPTION = """\
+Run every redistribution strategy side by side on the same data, on the
+ranks of MPI_COMM_WORLD, and compare time, bytes and measured memory.
+
+strategies:
+  collectives  the paper's normal form (mpiredist's default)
+  xla          XLA's SPMD partitioner's own sequence (bench/xla.py) run on
+               mpiredist's executor; shared cases on their own mesh only
+  replicate    all-gather every sharded dim, then slice
+  direct       one Alltoallw exchange of exactly the missing bytes
+  raw          the limit: one bare MPI collective sending as many bytes per
+               rank as the collectives plan, on preallocated contiguous
+               buffers, no planning, no packing.  Chosen from the plan's
+               dominant step (most bytes) on that step's sub-communicator:
+               all_to_all/exchange -> Alltoall, all_gather -> Allgather,
+               permute -> Sendrecv (ring shift), all_reduce -> Allreduce,
+               reduce_scatter -> Reduce_scatter_block; none if nothing moves.
+"""
+
+EPILOG = """\
+{rule}
+
+timing: per case, one untimed warm-up run per strategy (checked against a
+numpy oracle: every rank slices its expected block from the same seeded
+global array; raw checks the bytes it received), one untimed run under
+tracemalloc for the peak E (bytes newly allocated, max over ranks), then
+--repeats rounds running every strategy once in an order rotated each round,
+with a barrier before each timed run.  A run's time is the largest over
+ranks; the table gives median, min and max over rounds, GB/s = bytes sent
+per rank (counted by the executor) / median.  Planning is outside the timing.
+--quick = --scale {qs} --repeats {qr} (unless given).  A "finding:" line names
+each case where collectives' median is over {noise}x that of direct or xla.
+
+--plan-only --ranks N models every case scaled onto N devices with the
+alpha-beta model of bench/model.py (no MPI; N must be a case's mesh size times
+or divided by a power of two).
+"""
+
+
+def _csv(text):
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def build_parser():
+    from .report import NOISE
+    from .runner import MAPPING_RULE
+
+    p = argparse.ArgumentParser(
+        prog="python -m mpiredist.bench", description=DESCRIPTION,
+        epilog=EPILOG.format(rule=textwrap.fill(MAPPING_RULE, 78), qs=QUICK_SCALE,
+                             qr=QUICK_REPEATS, noise=NOISE),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", metavar="FILE", help="write one record per case and "
+                   "strategy, the skipped ones and a summary to FILE")
+    p.add_argument("--plot", metavar="FILE.png", help="plot time and E/max(S,T) per case "
+                   "and strategy (needs matplotlib)")
+    p.add_argument("--cases", metavar="IDS", help="comma-separated shared cases "
+                   "(c01,c04 or full ids); 'none' for only the --mesh case")
+    p.add_argument("--scale", type=int, metavar="K", help="divide every case's lengths "
+                   "by K (default 1; --quick: %d)" % QUICK_SCALE)
+    p.add_argument("--quick", action="store_true", help="a run of under 2 minutes at 8 "
+                   "ranks on 2 cores: --scale %d --repeats %d" % (QUICK_SCALE, QUICK_REPEATS))
+    p.add_argument("--repeats", type=int, metavar="R", help="timed rounds (default %d; "
+                   "--quick: %d)" % (DEFAULT_REPEATS, QUICK_REPEATS))
+    p.add_argument("--strategies", default=",".join(ALL_STRATEGIES), metavar="LIST",
+                   help="comma-separated, of %s (default all)" % ",".join(ALL_STRATEGIES))
+    p.add_argument("--seed", type=int, default=0, help="seed of the global arrays")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    user = p.add_argument_group("your own case (added to the suite; needs all four)")
+    user.add_argument("--mesh", metavar="AXES", help="e.g. x=2,y=4 (as many devices as "
+                      "ranks)")
+    user.add_argument("--shape", metavar="N,N,...", help="global shape, e.g. 512,512")
+    user.add_argument("--src", metavar="LAYOUT", help="source layout, e.g. '[{x},{}]'")
+    user.add_argument("--dst", metavar="LAYOUT", help="target layout, e.g. '[{},{x}]'")
+    user.add_argument("--dtype", default="float32", help="element type of every case "
+                      "(default float32)")
+    model = p.add_argument_group("model only (no MPI)")
+    model.add_argument("--plan-only", action="store_true", help="print bytes, peak/max, "
+                       "rounds and modelled time per case and strategy; no MPI")
+    model.add_argument("--ranks", type=int, metavar="N", help="devices to scale the cases "
+                       "onto (default: each case's own mesh)")
+    model.add_argument("--alpha", type=float, metavar="S", help="seconds per message")
+    model.add_argument("--beta", type=float, metavar="BPS", help="bytes per second per rank")
+    return p
+
+
+class _Options:
+    """Checked options: strategies, scale, repeats, case ids, user case."""
+
+    def __init__(self, args):
+        self.strategies = _csv(args.strategies)
+        bad = [s for s in self.strategies if s not in ALL_STRATEGIES]
+        if bad or not self.strategies:
+            raise PlanError(f"--strategies {args.strategies!r}: expected a comma-separated "
+                            f"list of {', '.join(ALL_STRATEGIES)}")
+        self.strategies = list(dict.fromkeys(self.strategies))
+        self.scale = args.scale if args.scale is not None else (
+            QUICK_SCALE if args.quick else 1)
+        self.repeats = args.repeats if args.repeats is not None else (
+            QUICK_REPEATS if args.quick else DEFAULT_REPEATS)
+        if self.scale < 1:
+            raise ShapeError(f"--scale {self.scale} must be a positive integer")
+        if self.repeats < 1:
+            raise PlanError(f"--repeats {self.repeats} must be at least 1")
+        self.case_ids = None
+        if args.cases is not None:
+            ids = _csv(args.cases)
+            self.case_ids = [] if ids == ["none"] else ids
+        self.dtype = args.dtype
+        self.user = _user_case(args)
+        if self.case_ids == [] and self.user is None:
+            raise PlanError("--cases none leaves nothing to run: give --mesh, --shape, "
+                            "--src and --dst")
+
+
+def _user_case(args):
+    from .. import planner
+    from .cases import Case
+
+    given = {k: getattr(args, k) for k in ("mesh", "shape", "src", "dst")}
+    if not any(v is not None for v in given.values()):
+        return None
+    missing = [f"--{k}" for k, v in given.items() if v is None]
+    if missing:
+        raise PlanError(f"your own case needs --mesh, --shape, --src and --dst; "
+                        f"missing {', '.join(missing)}")
+    mesh, shape = Mesh(args.mesh), parse_shape(args.shape)
+    src, dst = Layout.parse(args.src), Layout.parse(args.dst)
+    planner.validate(shape, args.dtype, mesh, src, dst)
+    return Case("user", dict(mesh.axes), shape, src, dst)
+
+
+def main(argv=None, comm=None):
+    """Run the benchmark; return the exit status (0: every result correct).
+
+    ``comm`` defaults to ``MPI.COMM_WORLD``; every rank of it calls this.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        opts = _Options(args)
+        if args.plan_only:
+            return _plan_only(args, opts)
+    except (MpiredistError, KeyError) as exc:
+        return _fail(exc, root=args.plan_only or _is_root(comm))
+    return _run(args, opts, comm)
+
+
+def _is_root(comm):
+    if comm is None:
+        from ..comm import mpi
+        comm = mpi().COMM_WORLD
+    return comm.Get_rank() == 0
+
+
+def _fail(exc, root=True):
+    if root:
+        print(f"error: {exc}", file=sys.stderr)
+    return 2
+
+
+def _plan_only(args, opts):
+    from .cases import load_cases
+    from .model import STRATEGIES, Network, format_table, plan_only_table
+    from .runner import _select
+
+    if args.ranks is not None and args.ranks < 1:
+        raise ShapeError(f"--ranks {args.ranks} must be a positive integer")
+    net = Network(**{k: v for k, v in (("alpha", args.alpha), ("beta", args.beta))
+                     if v is not None})
+    cases = _select(opts.case_ids, load_cases())
+    if cases is None:
+        cases = load_cases()
+    if opts.user is not None:
+        cases = cases + [opts.user]
+    strategies = [s for s in opts.strategies if s in STRATEGIES]
+    rows = plan_only_table(args.ranks, strategies, cases, opts.scale, net)
+    where = f"{args.ranks} devices" if args.ranks else "each case's own mesh"
+    print(f"plan only, {where}, scale {opts.scale}: alpha {net.alpha:g} s/message, "
+          f"beta {net.beta:g} B/s per rank (bench/model.py); no MPI"
+          + ("; raw has no model" if "raw" in opts.strategies else ""))
+    print(format_table(rows))
+    if args.json:
+        import json
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"ranks": args.ranks, "scale": opts.scale, "alpha": net.alpha,
+                       "beta": net.beta, "rows": [r.to_dict() for r in rows]}, f, indent=1)
+    return 0
+
+
+def _run(args, opts, comm):
+    from ..comm import mpi
+    from . import report, runner
+
+    comm = mpi().COMM_WORLD if comm is None else comm
+    root = comm.Get_rank() == 0
+    error = None
+    try:
+        entries = runner.suite(comm.Get_size(), opts.case_ids, opts.scale, opts.user)
+        if args.plot and root:
+            report.require_matplotlib()
+    except (MpiredistError, KeyError, ImportError) as exc:
+        error = exc
+    errors = comm.allgather(None if error is None else str(error))
+    if any(errors):
+        if root:
+            print(f"error: {next(e for e in errors if e)}", file=sys.stderr)
+        return 2
+    total = runner.count_runs(entries, opts.strategies, opts.repeats)
+    progress = report.Progress(total, enabled=root and not args.no_progress)
+    t0 = time.perf_counter()
+    records, skipped = runner.run_suite(entries, opts.strategies, opts.repeats, opts.dtype,
+                                        comm, args.seed, progress)
+    wall = time.perf_counter() - t0
+    progress.close()
+    report.add_ratios(records)
+    summary = report.summarize(records)
+    found = report.findings(records)
+    if root:
+        mapped = any(not e.native for e in entries)
+        print(f"mpiredist bench: {comm.Get_size()} ranks, scale {opts.scale}, "
+              f"{opts.repeats} repeats, dtype {opts.dtype}; time = max over ranks"
+              + (f"; * = mesh mapped onto {comm.Get_size()} devices" if mapped else ""))
+        print(report.format_table(records))
+        print(report.format_summary(summary))
+        for line in _skipped_lines(skipped):
+            print(line)
+        for line in found:
+            print(line)
+        print(f"wall time {wall:.1f} s for {len(entries)} cases")
+        meta = {"ranks": comm.Get_size(), "scale": opts.scale, "repeats": opts.repeats,
+                "dtype": opts.dtype, "seed": args.seed, "strategies": opts.strategies,
+                "wall_s": wall}
+        if args.json:
+            report.write_json(args.json, records, summary, meta, skipped, found)
+        if args.plot:
+            report.plot(records, args.plot)
+    comm.Barrier()                                # files exist on return, for every rank
+    return 0 if summary["all_correct"] else 1
+
+
+def _skipped_lines(skipped):
+    by = {}
+    for s in skipped:
+        by.setdefault((s["strategy"], s["reason"]), []).append(s)
+    return [f"skipped {strategy} on {len(items)} case(s) "
+            f"({','.join(i['label'] for i in items)}): {items[0]['reason']}"
+            for (strategy, _), items in by.items()]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""Benchmark results: ratios, summary, findings, table, JSON, plot, progress.
+
+Everything here is plain Python over the records of
+:func:`mpiredist.bench.runner.run_suite` (dicts, one per case and strategy);
+no MPI.  matplotlib is imported only by :func:`plot`.
+"""
+
+import json
+import math
+import sys
+
+__all__ = ["NOISE", "REQUIRED_KEYS", "Progress", "geomean", "add_ratios", "summarize",
+           "findings", "format_summary", "format_table", "to_json", "write_json", "plot",
+           "require_matplotlib"]
+
+# A median ratio above this is a difference, not noise (shared 2-core machines).
+NOISE = 1.05
+
+REQUIRED_KEYS = ("case", "strategy", "ranks", "median_s", "min_s", "max_s",
+                 "bytes_sent_per_rank", "plan_bytes_sent_per_rank",
+                 "lower_bound_bytes_per_rank", "peak_bytes", "peak_over_max", "correct",
+                 "gbps")
+
+
+class Progress:
+    """A plain-text progress bar: ``\\r[####      ] 12/40 c04 xla`` on ``stream``."""
+
+    def __init__(self, total, stream=None, width=30, enabled=True):
+        self.total, self.done, self.width = max(0, total), 0, width
+        self.stream = sys.stderr if stream is None else stream
+        self.enabled = enabled
+        self._last = 0
+
+    def step(self, label="", n=1):
+        self.done = min(self.total, self.done + n)
+        self._draw(label)
+
+    def skip(self, n):
+        """Count ``n`` runs that will not happen (a strategy that does not apply)."""
+        self.done = min(self.total, self.done + n)
+
+    def _draw(self, label):
+        if not self.enabled:
+            return
+        filled = self.width * self.done // self.total if self.total else self.width
+        text = f"\r[{'#' * filled}{' ' * (self.width - filled)}] {self.done}/{self.total} {label}"
+        pad = max(0, self._last - len(text))
+        self.stream.write(text + " " * pad)
+        self.stream.flush()
+        self._last = len(text)
+
+    def close(self):
+        if self.enabled and self._last:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def geomean(values):
+    """Geometric mean of the positive finite ``values``; None if there are none."""
+    xs = [float(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
+    if not xs:
+        return None
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def _by_case(records):
+    out = {}
+    for r in records:
+        out.setdefault(r["case"], {})[r["strategy"]] = r
+    return out
+
+
+def _ratio(a, b):
+    if a is None or b is None or not b > 0:
+        return None
+    return a / b
+
+
+def add_ratios(records):
+    """Add ``ratio_vs_raw`` and ``ratio_vs_xla`` (median time over theirs) in place.
+
+    None where the case has no such run, or ``raw`` sends nothing.
+    """
+    for runs in _by_case(records).values():
+        raw, xla = runs.get("raw"), runs.get("xla")
+        for r in runs.values():
+            useful = raw is not None and raw["bytes_sent_per_rank"] > 0
+            r["ratio_vs_raw"] = _ratio(r["median_s"], raw["median_s"]) if useful else None
+            r["ratio_vs_xla"] = _ratio(r["median_s"], xla["median_s"]) if xla else None
+    return records
+
+
+def _speedups(records, other):
+    """``{case: other median / collectives median}`` over cases with both."""
+    out = {}
+    for case, runs in _by_case(records).items():
+        if "collectives" in runs and other in runs:
+            s = _ratio(runs[other]["median_s"], runs["collectives"]["median_s"])
+            if s is not None:
+                out[case] = s
+    return out
+
+
+def summarize(records):
+    """The summary object: geometric-mean speed-ups, worst ratios, memory."""
+    out = {}
+    for other in ("xla", "replicate", "direct"):
+        s = _speedups(records, other)
+        out[f"geomean_collectives_vs_{other}"] = geomean(s.values())
+        out[f"cases_collectives_vs_{other}"] = len(s)
+    worst = max((r for r in records if r["strategy"] != "raw"
+                 and r.get("ratio_vs_raw") is not None),
+                key=lambda r: r["ratio_vs_raw"], default=None)
+    out["worst_ratio_vs_raw"] = None if worst is None else {
+        "case": worst["case"], "strategy": worst["strategy"],
+        "ratio": worst["ratio_vs_raw"]}
+    strategies = list(dict.fromkeys(r["strategy"] for r in records))
+    out["peak_over_max"] = {
+        s: {"max": max(r["peak_over_max"] for r in records if r["strategy"] == s),
+            "geomean": geomean(r["peak_over_max"] for r in records if r["strategy"] == s)}
+        for s in strategies}
+    out["all_correct"] = all(r["correct"] for r in records)
+    return out
+
+
+def findings(records, noise=NOISE):
+    """Lines naming the cases where ``collectives`` is slower than direct or xla."""
+    lines = []
+    for case, runs in _by_case(records).items():
+        coll = runs.get("collectives")
+        for other in ("direct", "xla"):
+            if coll is None or other not in runs:
+                continue
+            ratio = _ratio(coll["median_s"], runs[other]["median_s"])
+            if ratio is not None and ratio > noise:
+                lines.append(f"finding: {case}: collectives is {ratio:.2f}x slower than "
+                             f"{other} (median {coll['median_s'] * 1e3:.3f} ms vs "
+                             f"{runs[other]['median_s'] * 1e3:.3f} ms)")
+    return lines
+
+
+def _num(v, fmt):
+    return "-" if v is None else format(v, fmt)
+
+
+def format_table(records):
+    """A fixed-width table, one line per case and strategy (times in ms)."""
+    head = ("case", "mesh", "strategy", "median ms", "min ms", "max ms", "GB/s",
+            "sent MiB", "plan MiB", "bound MiB", "E/max", "ok", "x raw", "x xla")
+    rows = [head]
+    for r in records:
+        mesh = r["mesh"] + ("*" if r.get("mapped") else "")
+        rows.append((r.get("label", r["case"]), mesh, r["strategy"],
+                     _num(r["median_s"] * 1e3, ".3f"), _num(r["min_s"] * 1e3, ".3f"),
+                     _num(r["max_s"] * 1e3, ".3f"), _num(r["gbps"], ".2f"),
+                     _num(r["bytes_sent_per_rank"] / 2**20, ".2f"),
+                     _num(r["plan_bytes_sent_per_rank"] / 2**20, ".2f"),
+                     _num(r["lower_bound_bytes_per_rank"] / 2**20, ".2f"),
+                     _num(r["peak_over_max"], ".2f"), "yes" if r["correct"] else "NO",
+                     _num(r.get("ratio_vs_raw"), ".2f"), _num(r.get("ratio_vs_xla"), ".2f")))
+    widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
+    left = 3                                      # case, mesh, strategy: left-aligned
+    lines = ["  ".join(v.ljust(w) if c < left else v.rjust(w)
+                       for c, (v, w) in enumerate(zip(row, widths))).rstrip()
+             for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def format_summary(summary):
+    """The summary as a few readable lines."""
+    def g(key):
+        v = summary.get(key)
+        return "-" if v is None else f"{v:.2f}x"
+    lines = [f"geomean speed-up of collectives: vs xla {g('geomean_collectives_vs_xla')} "
+             f"({summary.get('cases_collectives_vs_xla', 0)} cases), vs replicate "
+             f"{g('geomean_collectives_vs_replicate')}, vs direct "
+             f"{g('geomean_collectives_vs_direct')}"]
+    w = summary.get("worst_ratio_vs_raw")
+    if w:
+        lines.append(f"worst time ratio vs raw: {w['ratio']:.2f}x ({w['case']}, "
+                     f"{w['strategy']})")
+    mem = summary.get("peak_over_max", {})
+    if mem:
+        lines.append("E/max(S,T), max (geomean): " + ", ".join(
+            f"{s} {m['max']:.2f} ({_num(m['geomean'], '.2f')})" for s, m in mem.items()))
+    return "\n".join(lines)
+
+
+def to_json(records, summary, meta=None, skipped=(), found=()):
+    """The JSON document: ``meta`` fields, ``records``, ``skipped``, ``summary``."""
+    doc = dict(meta or {})
+    doc.update(records=list(records), skipped=list(skipped), summary=summary,
+               findings=list(found))
+    return json.dumps(doc, indent=1, allow_nan=False, default=_jsonable)
+
+
+def _jsonable(v):
+    if hasattr(v, "item"):
+        return v.item()
+    raise TypeError(f"{type(v).__name__} is not JSON serialisable")
+
+
+def write_json(path, *args, **kwargs):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(to_json(*args, **kwargs) + "\n")
+
+
+def require_matplotlib():
+    """Import and return ``matplotlib.pyplot`` (Agg), or raise ImportError saying how."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ImportError("--plot needs matplotlib: pip install matplotlib "
+                          "(or mpiredist[bench])") from exc
+    return plt
+
+
+def plot(records, path):
+    """Two panels: median time per case and strategy (log), and E/max(S,T)."""
+    plt = require_matplotlib()
+    cases = list(dict.fromkeys(r.get("label", r["case"]) for r in records))
+    strategies = list(dict.fromkeys(r["strategy"] for r in records))
+    index = {(r.get("label", r["case"]), r["strategy"]): r for r in records}
+    width = 0.8 / max(1, len(strategies))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 0.7 * len(cases) + 3), 8),
+                                      sharex=True)
+    for k, s in enumerate(strategies):
+        xs = [i + (k - (len(strategies) - 1) / 2) * width for i in range(len(cases))]
+        rs = [index.get((c, s)) for c in cases]
+        top.bar(xs, [r["median_s"] * 1e3 if r else 0 for r in rs], width, label=s)
+        bottom.bar(xs, [r["peak_over_max"] if r else 0 for r in rs], width, label=s)
+    top.set_yscale("log")
+    top.set_ylabel("median time (ms, log)")
+    top.legend(ncol=len(strategies), fontsize="small")
+    ranks = records[0]["ranks"] if records else 0
+    top.set_title(f"mpiredist benchmark, {ranks} ranks")
+    bottom.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    bottom.set_ylabel("E / max(S, T)")
+    bottom.set_xticks(range(len(cases)))
+    bottom.set_xticklabels(cases, rotation=45, ha="right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

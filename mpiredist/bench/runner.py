@@ -1,0 +1,459 @@
+"""Run the benchmark suite: every strategy on the same data, side by side.
+
+The suite and the mesh mapping are plain arithmetic (no MPI); running it
+(:func:`run_suite`) needs mpi4py, imported on first use.
+
+Per case, on every rank:
+
+1. plan each strategy once (``xla`` from :mod:`mpiredist.bench.xla`, the
+   others from :mod:`mpiredist.planner`); ``raw`` is sized from the
+   ``collectives`` plan (:func:`make_raw`);
+2. build the global array from a seed (the same on every rank), keep this
+   rank's source block and its expected target block, drop the rest;
+3. one untimed warm-up run per strategy, checked against the expected block
+   (``raw``: the received bytes against the sent pattern), and one untimed
+   run under :func:`~mpiredist.bench.memory.traced_peak` (E);
+4. ``repeats`` rounds; each round runs every strategy once, in an order
+   rotated by one each round (A/B interleaving), with a barrier before each
+   timed run.  A run's time is the largest over ranks.
+
+Timed runs call :func:`mpiredist.executor.execute` on the prebuilt plan,
+so planning and the argument check of :func:`mpiredist.redistribute` (one
+small collective) are outside the timing, equally for every strategy.
+"""
+
+import gc
+import math
+import time
+import zlib
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .. import planner
+from ..blocks import rank_block
+from ..errors import MeshError, MpiredistError, PlanError
+from ..mesh import Mesh
+from ..subaxes import expand, prime_factors, rank_digits
+from .cases import Case, load_cases, scaled
+from .memory import traced_peak
+from .model import grow_mesh
+
+__all__ = ["STRATEGIES", "Entry", "map_mesh", "suite", "global_array", "source_block",
+           "target_block", "Raw", "make_raw", "run_suite"]
+
+STRATEGIES = ("collectives", "xla", "replicate", "direct", "raw")
+
+MAPPING_RULE = (
+    "cases: a case runs on its own mesh when that mesh has as many devices as there are "
+    "ranks.  Otherwise it is mapped onto N = comm.size devices, keeping its axis "
+    "names, layouts and (scaled) global shape: if N is the mesh size times or "
+    "divided by a power of two, the rule of --plan-only (bench.model.grow_mesh: "
+    "grow every axis evenly, minor axes first; shrink by halving the largest axis, "
+    "minor first on ties); otherwise the prime factors of N, largest first, each "
+    "multiply the axis whose new/original size ratio is smallest (the minor axis on "
+    "ties).  Axes may end with size 1.  Without --cases the suite is the shared "
+    "cases on their own mesh, or, when none has N devices, every shared case mapped; "
+    "--cases runs the named cases, mapped where needed.  XLA's plan exists only on "
+    "a case's own mesh.")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One case of the suite as it runs: ``case`` carries the mesh and shape used."""
+
+    case: Case
+    shared: bool        # from cases.json (XLA's plan may exist)
+    native: bool        # on the case's own mesh (else mapped)
+
+    @property
+    def label(self):
+        return self.case.short_id if self.shared else self.case.id
+
+
+def map_mesh(mesh, ranks):
+    """``mesh`` (dict name -> size) mapped onto ``ranks`` devices (MAPPING_RULE)."""
+    size = math.prod(mesh.values())
+    if ranks < 1:
+        raise MeshError(f"cannot map mesh {Mesh(mesh)} onto {ranks} devices")
+    if size == ranks:
+        return dict(mesh)
+    big, small = max(size, ranks), min(size, ranks)
+    ratio = big // small
+    if big % small == 0 and ratio & (ratio - 1) == 0:
+        try:
+            return grow_mesh(mesh, ranks)
+        except MeshError:
+            pass                  # an odd-sized mesh cannot halve: use the prime rule
+    names, original = list(mesh), list(mesh.values())
+    sizes = [1] * len(names)
+    if not names:
+        raise MeshError(f"a mesh without axes cannot hold {ranks} devices")
+    for p in sorted(prime_factors(ranks), reverse=True):
+        i = min(range(len(names)), key=lambda i: (sizes[i] / original[i], -i))
+        sizes[i] *= p
+    return dict(zip(names, sizes))
+
+
+def _select(case_ids, shared_cases):
+    if case_ids is None:
+        return None
+    out = []
+    for cid in case_ids:
+        found = [c for c in shared_cases if cid in (c.id, c.short_id)]
+        if not found:
+            known = ", ".join(c.short_id for c in shared_cases)
+            raise PlanError(f"--cases: no shared case {cid!r}; the cases are {known}")
+        out.extend(c for c in found if c not in out)
+    return out
+
+
+def suite(ranks, case_ids=None, scale=1, user=None):
+    """The cases to run on ``ranks`` ranks, as :class:`Entry` (MAPPING_RULE).
+
+    ``case_ids``: None (the default suite), or ids / numbers (``"c04"``);
+    an empty list runs only ``user``, a :class:`Case` that must have
+    ``ranks`` devices.
+    """
+    shared_cases = load_cases()
+    chosen = _select(case_ids, shared_cases)
+    if chosen is None:
+        chosen = [c for c in shared_cases if math.prod(c.mesh.values()) == ranks]
+        if not chosen:
+            chosen = shared_cases
+    entries = []
+    for c in chosen:
+        c = scaled(c, scale) if scale != 1 else c
+        native = math.prod(c.mesh.values()) == ranks
+        entries.append(Entry(c if native else replace(c, mesh=map_mesh(c.mesh, ranks)),
+                             True, native))
+    if user is not None:
+        if math.prod(user.mesh.values()) != ranks:
+            raise MeshError(f"--mesh {Mesh(user.mesh)} has {math.prod(user.mesh.values())} "
+                            f"devices but the benchmark runs on {ranks} ranks")
+        entries.append(Entry(user, False, True))
+    return entries
+
+
+# --------------------------------------------------------------------- data
+
+def _seed(case_id, seed):
+    return np.random.default_rng([seed, zlib.crc32(case_id.encode())])
+
+
+def global_array(shape, dtype, rng):
+    """A deterministic global array of ``shape`` and ``dtype`` from ``rng``."""
+    dtype = np.dtype(dtype)
+    shape = tuple(shape)
+    if dtype.kind == "f":
+        work = dtype if dtype.itemsize in (4, 8) else np.float32
+        return rng.random(shape, dtype=work).astype(dtype, copy=False)
+    if dtype.kind == "c":
+        return (rng.random(shape) + 1j * rng.random(shape)).astype(dtype)
+    if dtype.kind in "iu":
+        return rng.integers(0, 100, size=shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.random(shape) < 0.5
+    n = math.prod(shape)
+    return np.frombuffer(rng.bytes(n * dtype.itemsize), dtype=dtype).reshape(shape).copy()
+
+
+def _box(g, mesh, layout, rank):
+    box = rank_block(g.shape, expand(layout, mesh), rank_digits(mesh, rank))
+    return g[tuple(slice(lo, hi) for lo, hi in box)]
+
+
+def _holds_value(mesh, partial, rank):
+    coords = dict(zip(mesh.names, mesh.coords(rank)))
+    return all(coords[a] == 0 for a in partial)
+
+
+def _partial_block(g, mesh, layout, rank):
+    block = np.ascontiguousarray(_box(g, mesh, layout, rank))
+    if not layout.partial or layout.op in ("max", "min"):
+        return block                      # max/min of equal values: the value
+    if _holds_value(mesh, layout.partial, rank):
+        return block
+    return np.ones_like(block) if layout.op == "prod" else np.zeros_like(block)
+
+
+def source_block(g, mesh, layout, rank):
+    """This rank's source block of ``g``; partial axes: coordinate 0 holds ``g``.
+
+    The others hold the identity of the reduction (0 for sum, 1 for prod; for
+    max and min every rank holds ``g``), so the reduced array is ``g`` exactly.
+    """
+    return _partial_block(g, mesh, layout, rank)
+
+
+def target_block(g, mesh, layout, rank):
+    """The block ``rank`` must end with (same rule for partial axes that stay)."""
+    return _partial_block(g, mesh, layout, rank)
+
+
+# ---------------------------------------------------------------------- raw
+
+class Raw:
+    """The limit: one bare MPI collective of the plan's bytes, no planning.
+
+    ``op`` is chosen from the dominant step (most bytes) of the
+    ``collectives`` plan, on that step's sub-communicator (the whole mesh for
+    ``exchange`` and ``permute``), and sized so that each rank sends the
+    whole plan's ``bytes_sent_per_rank`` to other ranks:
+
+    ===================== =============================================
+    all_to_all, exchange  Alltoall of ``ceil(B / (G-1))`` bytes per peer
+    all_gather            Allgather of ``ceil(B / (G-1))`` bytes
+    permute               Sendrecv of ``B`` bytes (ring shift by one)
+    all_reduce            Allreduce of n elements, ``2 n (G-1)/G = B``
+    reduce_scatter        Reduce_scatter_block, ``m (G-1) = B`` elements
+    no communication      nothing (``op`` ``none``)
+    ===================== =============================================
+
+    Buffers are contiguous and allocated here, once; the send buffer holds a
+    pattern that :meth:`check` verifies on the receive side.
+    """
+
+    def __init__(self, op, comm=None, send=None, recv=None, bytes_sent=0, mpi=None):
+        self.op, self.comm, self.send, self.recv = op, comm, send, recv
+        self.bytes_sent, self._mpi = bytes_sent, mpi
+
+    def run(self):
+        c, MPI = self.comm, self._mpi
+        if self.op == "Alltoall":
+            c.Alltoall(self.send, self.recv)
+        elif self.op == "Allgather":
+            c.Allgather(self.send, self.recv)
+        elif self.op == "Sendrecv":
+            g, me = c.Get_size(), c.Get_rank()
+            c.Sendrecv(self.send, (me + 1) % g, recvbuf=self.recv, source=(me - 1) % g)
+        elif self.op == "Allreduce":
+            c.Allreduce(self.send, self.recv, op=MPI.SUM)
+        elif self.op == "Reduce_scatter_block":
+            c.Reduce_scatter_block(self.send, self.recv, op=MPI.SUM)
+
+    def check(self):
+        """True if the last run delivered what the pattern says."""
+        if self.op == "none":
+            return True
+        g, me = self.comm.Get_size(), self.comm.Get_rank()
+        if self.op in ("Allreduce", "Reduce_scatter_block"):
+            return bool(np.all(self.recv == g))
+        if self.op == "Sendrecv":
+            return bool(np.all(self.recv == _pattern((me - 1) % g, 0)))
+        blocks = self.recv.reshape(g, -1)
+        return all(np.all(blocks[q] == _pattern(q, me if self.op == "Alltoall" else 0))
+                   for q in range(g))
+
+    def __repr__(self):
+        size = None if self.comm is None else self.comm.Get_size()
+        return f"Raw({self.op!r}, group={size}, bytes_sent={self.bytes_sent})"
+
+
+def _pattern(sender, peer):
+    return (7 * sender + 13 * peer + 1) % 251
+
+
+def make_raw(plan, mc):
+    """The :class:`Raw` limit of ``plan`` (a ``collectives`` plan) on ``mc``."""
+    from ..comm import mpi
+
+    MPI = mpi()
+    steps = [s for s in plan.steps if s.op != "slice" and s.bytes_sent_per_rank > 0]
+    total = plan.bytes_sent_per_rank
+    if not steps or total == 0:
+        return Raw("none")
+    dom = max(steps, key=lambda s: s.bytes_sent_per_rank)
+    comm = mc.comm if dom.op in ("exchange", "permute") else mc.sub(dom.axes)
+    g, me = comm.Get_size(), comm.Get_rank()
+    if g == 1:
+        return Raw("none")
+    u8 = np.uint8
+    if dom.op in ("all_to_all", "exchange"):
+        c = -(-total // (g - 1))
+        send = np.concatenate([np.full(c, _pattern(me, p), u8) for p in range(g)])
+        return Raw("Alltoall", comm, send, np.empty(g * c, u8), c * (g - 1), MPI)
+    if dom.op == "all_gather":
+        c = -(-total // (g - 1))
+        return Raw("Allgather", comm, np.full(c, _pattern(me, 0), u8), np.empty(g * c, u8),
+                   c * (g - 1), MPI)
+    if dom.op == "permute":
+        return Raw("Sendrecv", comm, np.full(total, _pattern(me, 0), u8),
+                   np.empty(total, u8), total, MPI)
+    dtype = plan.dtype if np.dtype(plan.dtype).kind in "fiuc" else np.dtype(np.float32)
+    size = np.dtype(dtype).itemsize
+    if dom.op == "all_reduce":
+        n = -(-total * g // (2 * size * (g - 1)))
+        return Raw("Allreduce", comm, np.ones(n, dtype), np.empty(n, dtype),
+                   2 * n * size * (g - 1) // g, MPI)
+    if dom.op == "reduce_scatter":
+        m = -(-total // (size * (g - 1)))
+        return Raw("Reduce_scatter_block", comm, np.ones(g * m, dtype), np.empty(m, dtype),
+                   m * size * (g - 1), MPI)
+    raise PlanError(f"no raw collective for step op {dom.op!r}")
+
+
+# ---------------------------------------------------------------------- run
+
+def _plans(entry, strategies, dtype):
+    """``(plans, runnable, {strategy: why skipped})``; ``raw`` is sized from the
+    ``collectives`` plan, which is built for it even if not run."""
+    c = entry.case
+    plans, skipped = {}, {}
+    wanted = list(strategies)
+    if "raw" in wanted and "collectives" not in wanted:
+        wanted.append("collectives")
+    for s in wanted:
+        if s == "raw":
+            continue
+        try:
+            if s == "xla":
+                if not (entry.shared and entry.native):
+                    skipped[s] = ("XLA's plan exists only on a shared case's own mesh, "
+                                  "not on a mapped one" if entry.shared else
+                                  "XLA's plan exists only for the shared cases")
+                    continue
+                from .xla import xla_plan
+                plans[s] = xla_plan(c.id, c.shape, dtype)
+            else:
+                plans[s] = planner.plan(c.shape, dtype, c.mesh, c.src, c.dst, s)
+        except MpiredistError as exc:
+            skipped[s] = f"not planned: {exc}"
+    if "raw" in strategies:
+        if "collectives" in plans:
+            plans["raw"] = None
+        else:
+            skipped["raw"] = "no collectives plan to size it from"
+    runnable = [s for s in strategies if s in plans]
+    return plans, runnable, {s: skipped[s] for s in strategies if s in skipped}
+
+
+def _agree(comm, names):
+    """The strategies every rank can run (plans are deterministic; insurance)."""
+    everyone = comm.allgather(tuple(names))
+    return [n for n in names if all(n in other for other in everyone)]
+
+
+def _same(out, expected):
+    return (out is not None and tuple(out.shape) == tuple(expected.shape)
+            and out.dtype == expected.dtype and bool(np.array_equal(out, expected)))
+
+
+def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
+    """Run one case; return ``(records, skipped)`` (identical on every rank)."""
+    from ..comm import MeshComm, mpi
+    from ..executor import execute
+
+    MPI = mpi()
+    c = entry.case
+    plans, runnable, skipped = _plans(entry, strategies, dtype)
+    names = _agree(comm, runnable)
+    for n in runnable:
+        if n not in names:
+            skipped[n] = "could not be planned on some rank"
+    mesh = Mesh(c.mesh, comm)
+    rank = comm.Get_rank()
+    g = global_array(c.shape, dtype, _seed(c.id, seed))
+    src = source_block(g, mesh, c.src, rank)
+    expected = target_block(g, mesh, c.dst, rank)
+    del g
+    with MeshComm(mesh) as mc:
+        runs, raw = {}, None
+        for n in names:
+            if n == "raw":
+                raw = make_raw(plans["collectives"], mc)
+                runs[n] = lambda records=None, raw=raw: raw.run()
+            else:
+                runs[n] = lambda records=None, p=plans[n]: execute(p, src, mc, records)
+        sent, correct, peak = {}, {}, {}
+        for n in names:                         # warm-up, checked
+            records = []
+            comm.Barrier()
+            out = runs[n](records)
+            correct[n] = raw.check() if n == "raw" else _same(out, expected)
+            sent[n] = raw.bytes_sent if n == "raw" else sum(r.bytes_sent for r in records)
+            del out
+            _tick(progress, entry, n)
+        for n in names:                         # measured memory, untimed
+            gc.collect()
+            comm.Barrier()
+            with traced_peak() as e:
+                out = runs[n]()
+            del out
+            peak[n] = e.bytes
+            _tick(progress, entry, n)
+        times = np.zeros((len(names), repeats))
+        for r in range(repeats):                # A/B interleaved, rotating order
+            for k in range(len(names)):
+                i = (k + r) % len(names)
+                comm.Barrier()
+                t0 = time.perf_counter()
+                out = runs[names[i]]()
+                times[i, r] = time.perf_counter() - t0
+                if r == repeats - 1 and names[i] != "raw":
+                    correct[names[i]] &= _same(out, expected)
+                del out
+                _tick(progress, entry, names[i])
+        comm.Barrier()
+    worst = np.empty_like(times)
+    comm.Allreduce(times, worst, op=MPI.MAX)
+    ints = np.array([[sent[n], peak[n], int(not correct[n])] for n in names], dtype=np.int64)
+    top = np.empty_like(ints)
+    comm.Allreduce(ints.reshape(-1), top.reshape(-1), op=MPI.MAX)
+    return [_record(entry, n, plans, raw, worst[i], top[i], comm.Get_size(), dtype)
+            for i, n in enumerate(names)], skipped
+
+
+def _tick(progress, entry, name):
+    if progress is not None:
+        progress.step(f"{entry.label} {name}")
+
+
+def _record(entry, name, plans, raw, times, reduced, ranks, dtype):
+    c = entry.case
+    ref = plans[name] if name != "raw" else plans.get("collectives")
+    sent, peak, bad = (int(v) for v in reduced)
+    big = max(ref.src_local_bytes, ref.dst_local_bytes) if ref is not None else 0
+    median = float(np.median(times)) if len(times) else float("nan")
+    return {
+        "case": c.id, "label": entry.label, "strategy": name, "ranks": ranks,
+        "mesh": str(Mesh(c.mesh)), "mapped": not entry.native, "shape": list(c.shape),
+        "dtype": str(np.dtype(dtype)), "src": str(c.src), "dst": str(c.dst),
+        "repeats": len(times), "times_s": [float(t) for t in times],
+        "median_s": median, "min_s": float(np.min(times)) if len(times) else median,
+        "max_s": float(np.max(times)) if len(times) else median,
+        "bytes_sent_per_rank": sent,
+        "plan_bytes_sent_per_rank": (raw.bytes_sent if name == "raw" else
+                                     ref.bytes_sent_per_rank),
+        "lower_bound_bytes_per_rank": ref.lower_bound_bytes_per_rank,
+        "src_local_bytes": ref.src_local_bytes, "dst_local_bytes": ref.dst_local_bytes,
+        "plan_peak_local_bytes": None if name == "raw" else ref.peak_local_bytes,
+        "peak_bytes": peak, "peak_over_max": peak / big if big else 0.0,
+        "correct": not bad,
+        "gbps": sent / median / 1e9 if median > 0 else 0.0,
+        "ops": ([raw.op] if name == "raw" else [s.op for s in ref.steps]),
+        "note": ref.note if name != "raw" else "",
+    }
+
+
+def count_runs(entries, strategies, repeats):
+    """Runs :func:`run_suite` will make at most (for the progress bar)."""
+    return len(entries) * len(strategies) * (repeats + 2)
+
+
+def run_suite(entries, strategies, repeats, dtype, comm, seed=0, progress=None):
+    """Run every entry; return ``(records, skipped)`` (lists, same on every rank).
+
+    ``skipped`` lists ``{"case", "strategy", "reason"}`` for the strategies
+    that do not apply to a case (e.g. ``xla`` on a mapped mesh).
+    """
+    records, skipped = [], []
+    for entry in entries:
+        recs, skip = run_case(entry, strategies, repeats, dtype, comm, seed, progress)
+        records.extend(recs)
+        for s, why in skip.items():
+            skipped.append({"case": entry.case.id, "label": entry.label, "strategy": s,
+                            "reason": why})
+            if progress is not None:
+                progress.skip(repeats + 2)
+    return records, skipped

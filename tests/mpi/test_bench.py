@@ -1,0 +1,88 @@
+"""The benchmark, run in-process on the current communicator (any rank count)."""
+
+import json
+import os
+import tempfile
+
+import pytest
+from helpers import all_ok
+
+from mpiredist.bench import report, runner
+from mpiredist.bench.__main__ import main
+
+SCALE = 64
+
+
+def _run_bench(comm, argv):
+    """Run ``main(argv + --json F)`` on every rank; return (rc, document) agreed."""
+    path = None
+    if comm.rank == 0:
+        fd, path = tempfile.mkstemp(suffix=".json", prefix="mpiredist-bench-")
+        os.close(fd)
+    path = comm.bcast(path)
+    try:
+        rc = main(argv + ["--json", path, "--no-progress"], comm=comm)
+        doc = None
+        if comm.rank == 0:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        doc = comm.bcast(doc)                 # rank 0 wrote it; others may not see it
+    finally:
+        comm.Barrier()
+        if comm.rank == 0:
+            os.unlink(path)
+    return rc, doc
+
+
+def _expected_pairs(entries, strategies):
+    out = set()
+    for e in entries:
+        for s in strategies:
+            if s == "xla" and not (e.shared and e.native):
+                continue
+            out.add((e.case.id, s))
+    return out
+
+
+def _check(comm, rc, doc, pairs):
+    all_ok(comm, rc == 0, f"bench exit status {rc}")
+    got = {(r["case"], r["strategy"]) for r in doc["records"]}
+    all_ok(comm, got == pairs, f"records {sorted(got ^ pairs)} missing or unexpected")
+    missing = [(r["case"], r["strategy"], k) for r in doc["records"]
+               for k in report.REQUIRED_KEYS if k not in r]
+    all_ok(comm, not missing, f"records lack keys {missing[:5]}")
+    wrong = [(r["case"], r["strategy"]) for r in doc["records"] if r["correct"] is not True]
+    all_ok(comm, not wrong, f"incorrect results {wrong}")
+    ranks = {r["ranks"] for r in doc["records"]}
+    all_ok(comm, ranks == {comm.size}, f"records name ranks {ranks}")
+    # Up to an element per step of rounding: the planner floors all-reduce
+    # bytes in elements, the executor in bytes.
+    bad = [(r["case"], r["strategy"], r["bytes_sent_per_rank"], r["plan_bytes_sent_per_rank"])
+           for r in doc["records"] if r["strategy"] != "raw"
+           and r["bytes_sent_per_rank"] > r["plan_bytes_sent_per_rank"] + 8 * len(r["ops"])]
+    all_ok(comm, not bad, f"executor sent more than the plan says on {bad}")
+    all_ok(comm, "summary" in doc and "geomean_collectives_vs_xla" in doc["summary"],
+           "JSON has no summary with the geometric means")
+
+
+@pytest.mark.mpi
+def test_quick_suite_every_case_and_strategy(comm):
+    rc, doc = _run_bench(comm, ["--quick", "--scale", str(SCALE), "--repeats", "1"])
+    entries = runner.suite(comm.size, None, SCALE)
+    _check(comm, rc, doc, _expected_pairs(entries, runner.STRATEGIES))
+    skipped = {(s["case"], s["strategy"]) for s in doc["skipped"]}
+    want = {(e.case.id, "xla") for e in entries if not e.native}
+    all_ok(comm, skipped == want, f"skipped {sorted(skipped)}, expected {sorted(want)}")
+
+
+@pytest.mark.mpi
+def test_own_case_with_partial_sums_and_uneven_shape(comm):
+    n = comm.size
+    strategies = ["collectives", "replicate", "direct", "raw"]
+    rc, doc = _run_bench(comm, ["--cases", "none", "--repeats", "2",
+                                "--strategies", ",".join(strategies),
+                                "--mesh", f"x={n}", "--shape", "37,21",
+                                "--src", "[{},{}] sum{x}", "--dst", "[{x},{}]"])
+    _check(comm, rc, doc, {("user", s) for s in strategies})
+    times = [len(r["times_s"]) for r in doc["records"]]
+    all_ok(comm, times == [2] * len(strategies), f"repeats per record {times}")

@@ -1,0 +1,215 @@
+"""The benchmark's MPI-free parts: report formatting, summary, suite, --plan-only."""
+
+import io
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mpiredist.bench import report, runner
+from mpiredist.bench.__main__ import main
+from mpiredist.bench.cases import load_cases
+from mpiredist.bench.memory import traced_peak
+from mpiredist.layout import Layout
+from mpiredist.mesh import Mesh
+
+
+def _rec(case, strategy, median, sent=1000, peak_over_max=1.0, correct=True):
+    return {"case": case, "label": case[:3], "strategy": strategy, "ranks": 8,
+            "mesh": "x=8", "mapped": False, "median_s": median, "min_s": median * 0.9,
+            "max_s": median * 1.1, "bytes_sent_per_rank": sent,
+            "plan_bytes_sent_per_rank": sent, "lower_bound_bytes_per_rank": sent,
+            "peak_bytes": 10, "peak_over_max": peak_over_max, "correct": correct,
+            "gbps": sent / median / 1e9}
+
+
+@pytest.fixture
+def records():
+    recs = [_rec("c01_a", "collectives", 1.0), _rec("c01_a", "xla", 2.0),
+            _rec("c01_a", "replicate", 4.0), _rec("c01_a", "direct", 0.5),
+            _rec("c01_a", "raw", 0.25, peak_over_max=0.0),
+            _rec("c02_b", "collectives", 1.0), _rec("c02_b", "xla", 0.5),
+            _rec("c02_b", "replicate", 1.0), _rec("c02_b", "direct", 1.04),
+            _rec("c02_b", "raw", 0.5, sent=0, peak_over_max=0.0)]
+    return report.add_ratios(recs)
+
+
+def test_geomean():
+    assert report.geomean([1, 4]) == pytest.approx(2.0)
+    assert report.geomean([2, None, 0, -1, float("nan"), 8]) == pytest.approx(4.0)
+    assert report.geomean([]) is None
+
+
+def test_ratios(records):
+    by = {(r["case"], r["strategy"]): r for r in records}
+    assert by["c01_a", "collectives"]["ratio_vs_raw"] == pytest.approx(4.0)
+    assert by["c01_a", "collectives"]["ratio_vs_xla"] == pytest.approx(0.5)
+    assert by["c02_b", "collectives"]["ratio_vs_raw"] is None   # raw sends nothing
+
+
+def test_summary(records):
+    s = report.summarize(records)
+    assert s["geomean_collectives_vs_xla"] == pytest.approx(1.0)        # 2x and 0.5x
+    assert s["geomean_collectives_vs_replicate"] == pytest.approx(2.0)  # 4x and 1x
+    assert s["cases_collectives_vs_xla"] == 2
+    assert s["worst_ratio_vs_raw"] == {"case": "c01_a", "strategy": "replicate",
+                                       "ratio": pytest.approx(16.0)}
+    assert s["peak_over_max"]["raw"]["max"] == 0.0
+    assert s["all_correct"] is True
+
+
+def test_findings_name_the_slow_cases(records):
+    lines = report.findings(records)
+    assert lines == [l for l in lines if l.startswith("finding: ")]
+    text = "\n".join(lines)
+    assert "c01_a: collectives is 2.00x slower than direct" in text
+    assert "c02_b: collectives is 2.00x slower than xla" in text
+    assert not any("c02_b" in l and "direct" in l for l in lines)   # 1.04x is noise
+
+
+def test_table_is_fixed_width(records):
+    records[0]["correct"] = False
+    text = report.format_table(records)
+    lines = text.splitlines()
+    assert lines[0].split()[:3] == ["case", "mesh", "strategy"]
+    assert set(lines[1]) == {"-"}
+    assert len(lines) == 2 + len(records)
+    ends = {len(l) for l in lines[2:]}
+    assert len(ends) == 1                                       # right-aligned columns
+    assert " NO " in lines[2] and "c01" in lines[2] and "collectives" in lines[2]
+    assert "x=8" in lines[3]
+
+
+def test_json_document(records):
+    summary = report.summarize(records)
+    doc = json.loads(report.to_json(records, summary, {"ranks": 8},
+                                    [{"case": "c03", "strategy": "xla", "reason": "r"}],
+                                    ["finding: x"]))
+    assert doc["ranks"] == 8 and doc["findings"] == ["finding: x"]
+    assert len(doc["records"]) == len(records)
+    for r in doc["records"]:
+        assert set(report.REQUIRED_KEYS) <= set(r)
+    assert doc["summary"]["geomean_collectives_vs_xla"] == pytest.approx(1.0)
+    assert doc["skipped"][0]["strategy"] == "xla"
+
+
+def test_json_converts_numpy_scalars():
+    rec = _rec("c01", "raw", np.float64(0.5), sent=np.int64(3))
+    assert json.loads(report.to_json([rec], {}))["records"][0]["bytes_sent_per_rank"] == 3
+
+
+def test_progress_bar():
+    out = io.StringIO()
+    bar = report.Progress(4, stream=out, width=8)
+    bar.step("c04 xla")
+    bar.skip(1)
+    bar.step("c05 raw")
+    bar.close()
+    text = out.getvalue()
+    assert text.startswith("\r[##      ] 1/4 c04 xla")
+    assert "\r[######  ] 3/4 c05 raw" in text and text.endswith("\n")
+    quiet = io.StringIO()
+    bar = report.Progress(4, stream=quiet, enabled=False)
+    bar.step("x")
+    bar.close()
+    assert quiet.getvalue() == ""
+
+
+def test_plot(records, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "bench.png"
+    report.plot(records, str(path))
+    assert path.stat().st_size > 1000
+
+
+def test_traced_peak_counts_freed_and_kept_buffers():
+    with traced_peak() as e:
+        a = np.ones(1 << 20, dtype=np.uint8)
+        b = np.ones(1 << 21, dtype=np.uint8)
+        del b
+    assert (1 << 20) + (1 << 21) <= e.bytes < (1 << 20) + (1 << 21) + (1 << 16)
+    with traced_peak() as e:
+        pass
+    assert e.bytes < 1 << 12
+    del a
+
+
+@pytest.mark.parametrize("ranks", range(1, 17))
+def test_map_mesh_keeps_axes_and_product(ranks):
+    for case in load_cases():
+        mesh = runner.map_mesh(case.mesh, ranks)
+        assert list(mesh) == list(case.mesh)
+        assert math.prod(mesh.values()) == ranks
+
+
+def test_map_mesh_rule():
+    assert runner.map_mesh({"x": 2, "y": 4}, 8) == {"x": 2, "y": 4}
+    assert runner.map_mesh({"x": 2, "y": 4}, 3) == {"x": 1, "y": 3}
+    assert runner.map_mesh({"x": 2, "y": 4}, 6) == {"x": 2, "y": 3}
+    assert runner.map_mesh({"x": 2, "y": 2, "z": 2}, 3) == {"x": 1, "y": 1, "z": 3}
+    assert runner.map_mesh({"x": 4, "y": 4}, 8) == {"x": 4, "y": 2}     # grow_mesh
+    assert runner.map_mesh({"x": 8}, 1) == {"x": 1}
+
+
+def test_suite_at_8_and_3_ranks():
+    at8 = runner.suite(8)
+    assert [e.case.short_id for e in at8] == [c.short_id for c in load_cases()
+                                              if math.prod(c.mesh.values()) == 8]
+    assert all(e.native and e.shared for e in at8)
+    at3 = runner.suite(3, scale=64)
+    assert len(at3) == len(load_cases()) and not any(e.native for e in at3)
+    assert at3[0].case.shape == (64, 64)
+    (c16,) = runner.suite(8, ["c16"])
+    assert not c16.native and c16.case.mesh == {"x": 4, "y": 2}
+    user = runner.suite(4, [], user=runner.Case("user", {"x": 4}, (5, 3),
+                                                 Layout.parse("[{x},{}]"),
+                                                 Layout.parse("[{},{x}]")))
+    assert [e.label for e in user] == ["user"]
+
+
+def test_partial_source_blocks_sum_to_the_array():
+    mesh = Mesh({"x": 2, "y": 2})
+    src = Layout.parse("[{x},{}] sum{y}")
+    g = runner.global_array((4, 3), "float32", np.random.default_rng(0))
+    blocks = [runner.source_block(g, mesh, src, r) for r in range(4)]
+    np.testing.assert_array_equal(blocks[0] + blocks[1], g[:2])   # y varies fastest
+    assert not blocks[1].any() and not blocks[3].any()
+
+
+def _bench(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "mpiredist.bench", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_plan_only_at_4096_ranks_prints_every_case():
+    done = _bench("--plan-only", "--ranks", "4096")
+    assert done.returncode == 0, done.stderr
+    for case in load_cases():
+        assert case.id in done.stdout
+    assert "collectives" in done.stdout and "direct" in done.stdout
+
+
+def test_plan_only_imports_no_mpi():
+    code = ("import sys; from mpiredist.bench.__main__ import main; "
+            "rc = main(['--plan-only', '--ranks', '64', '--cases', 'c04', "
+            "'--mesh', 'x=2,y=4', '--shape', '64,64', '--src', '[{x},{}]', "
+            "'--dst', '[{},{x}]']); "
+            "assert 'mpi4py' not in sys.modules, 'mpi4py imported'; sys.exit(rc)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "c04_swap_unequal" in done.stdout and "user" in done.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--strategies", "collectives,fast"], "--strategies"),
+    (["--mesh", "x=2"], "missing --shape, --src, --dst"),
+    (["--cases", "c99"], "no shared case 'c99'"),
+    (["--cases", "none"], "nothing to run"),
+])
+def test_bad_options_exit_2(argv, message, capsys):
+    assert main(["--plan-only", *argv]) == 2
+    assert message in capsys.readouterr().err

@@ -24,6 +24,7 @@ not visible to tracemalloc and not counted here.
 """
 
 import math
+import time
 
 import numpy as np
 
@@ -32,7 +33,7 @@ from .blocks import rank_block
 from .budget import buffer_bytes, frame_shape, inplace_reason
 from .comm import mpi
 from .errors import CommunicationError
-from .executor import Region, StepRecord
+from .executor import Region, StepRecord, _member_digits, _rel
 from .inplace import compact, expand, transpose
 from .routing import permute_dest, permute_source
 
@@ -113,20 +114,7 @@ def execute_inplace(plan, local, mc, donate=False, workspace=1 << 20, records=No
 
 
 def _now():
-    import time
     return time.perf_counter()
-
-
-def _rel(inner, outer):
-    return (tuple(lo - o for (lo, _), (o, _) in zip(inner, outer)),
-            tuple(hi - lo for lo, hi in inner))
-
-
-def _member(digits, group, m):
-    d = dict(digits)
-    for s in reversed(group):
-        m, d[s] = divmod(m, s.size)
-    return d
 
 
 def _commit(run, t):
@@ -157,7 +145,7 @@ def _all_gather(run, step):
     out = tuple(hi - lo for lo, hi in mine)
     starts, lengths = [], []
     for m in range(comm.Get_size()):
-        (lo, hi) = run.block(step.before, _member(digits, step.axes, m))[d]
+        (lo, hi) = run.block(step.before, _member_digits(digits, step.axes, m))[d]
         starts.append(lo - mine[d][0])
         lengths.append(hi - lo)
     me = comm.Get_rank()
@@ -228,7 +216,7 @@ def _reduce_scatter(run, step):
         transpose(run.buf, 1, outer, g, shape[j] // g * inner * run.itemsize, run.chunk)
         counts = [outer * (shape[j] // g) * inner] * g
     else:
-        lengths = [run.block(step.after, _member(run.mc.digits, step.axes, m))[j]
+        lengths = [run.block(step.after, _member_digits(run.mc.digits, step.axes, m))[j]
                    for m in range(g)]
         counts = [(hi - lo) * inner for lo, hi in lengths]
     typed = run.ctx.MPI._typedict[run.plan.dtype.char]

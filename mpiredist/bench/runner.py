@@ -7,19 +7,37 @@ Per case, on every rank:
 
 1. plan each strategy once (``xla`` from :mod:`mpiredist.bench.xla`, the
    others from :mod:`mpiredist.planner`); ``raw`` is sized from the
-   ``collectives`` plan (:func:`make_raw`);
-2. build the global array from a seed (the same on every rank), keep this
+   ``collectives`` plan (:func:`make_raw`); ``inplace`` and ``donated``
+   share one plan, ``planner.plan(..., "collectives", allow_exchange=False)``
+   (what :func:`mpiredist.redistribute` runs in place);
+2. start :mod:`tracemalloc` (:func:`~mpiredist.bench.memory.tracing`), then
+   build the global array from a seed (the same on every rank), keep this
    rank's source block and its expected target block, drop the rest;
 3. one untimed warm-up run per strategy, checked against the expected block
    (``raw``: the received bytes against the sent pattern), and one untimed
-   run under :func:`~mpiredist.bench.memory.traced_peak` (E);
+   run under :func:`~mpiredist.bench.memory.traced_peak` (E); then stop
+   tracemalloc, so that the timed runs do not pay for it;
 4. ``repeats`` rounds; each round runs every strategy once, in an order
    rotated by one each round (A/B interleaving), with a barrier before each
    timed run.  A run's time is the largest over ranks.
 
-Timed runs call :func:`mpiredist.executor.execute` on the prebuilt plan,
-so planning and the argument check of :func:`mpiredist.redistribute` (one
-small collective) are outside the timing, equally for every strategy.
+Timed runs call :func:`mpiredist.executor.execute` (``inplace``, ``donated``:
+:func:`mpiredist.executor_inplace.execute_inplace` with W =
+:func:`mpiredist.budget.default_workspace`) on the prebuilt plan, so planning
+and the argument check of :func:`mpiredist.redistribute` (one small
+collective) are outside the timing, equally for every strategy.  ``donated``
+gives the executor a fresh copy of the source block, made before the barrier
+of each run (warm-up, memory and timed), so the copy is never timed nor
+counted in E.
+
+Why tracemalloc starts before the blocks: numpy reports its buffers to
+tracemalloc when they are allocated, freed or reallocated.  ``donated`` grows
+its block with ``realloc``; if that block was allocated before tracing began,
+tracemalloc has no record of it and counts the reallocated block at its full
+new size T instead of the growth T - S.  So every block a measured call may
+reallocate (the donated copies) is allocated while tracemalloc is tracing,
+and tracing runs without a break from before the blocks exist to the end of
+the memory runs (stopping tracemalloc forgets every record).
 """
 
 import gc
@@ -36,13 +54,15 @@ from ..errors import MeshError, MpiredistError, PlanError
 from ..mesh import Mesh
 from ..subaxes import expand, prime_factors, rank_digits
 from .cases import Case, load_cases, scaled
-from .memory import traced_peak
+from .memory import traced_peak, tracing
 from .model import grow_mesh
 
 __all__ = ["STRATEGIES", "Entry", "map_mesh", "suite", "global_array", "source_block",
            "target_block", "Raw", "make_raw", "run_suite"]
 
-STRATEGIES = ("collectives", "xla", "replicate", "direct", "raw")
+STRATEGIES = ("collectives", "inplace", "donated", "xla", "replicate", "direct", "raw")
+# Run by mpiredist.executor_inplace on the collectives plan without exchange steps.
+INPLACE = ("inplace", "donated")
 
 MAPPING_RULE = (
     "cases: a case runs on its own mesh when that mesh has as many devices as there are "
@@ -297,7 +317,8 @@ def make_raw(plan, mc):
 
 def _plans(entry, strategies, dtype):
     """``(plans, runnable, {strategy: why skipped})``; ``raw`` is sized from the
-    ``collectives`` plan, which is built for it even if not run."""
+    ``collectives`` plan, which is built for it even if not run; ``inplace``
+    and ``donated`` share one plan (``allow_exchange=False``)."""
     c = entry.case
     plans, skipped = {}, {}
     wanted = list(strategies)
@@ -315,6 +336,11 @@ def _plans(entry, strategies, dtype):
                     continue
                 from .xla import xla_plan
                 plans[s] = xla_plan(c.id, c.shape, dtype)
+            elif s in INPLACE:
+                other = next((plans[o] for o in INPLACE if o in plans), None)
+                plans[s] = other if other is not None else planner.plan(
+                    c.shape, dtype, c.mesh, c.src, c.dst, "collectives",
+                    allow_exchange=False)
             else:
                 plans[s] = planner.plan(c.shape, dtype, c.mesh, c.src, c.dst, s)
         except MpiredistError as exc:

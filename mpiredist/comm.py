@@ -81,27 +81,48 @@ class MeshComm:
         return f"MeshComm({self.mesh!r}, rank={self.rank})"
 
 
-_OPEN = {}
+_KEYVAL = []       # the MPI attribute key under which meshes are cached
+_CACHED = []       # communicators that carry a cache, for free_all()
+
+
+def _on_free(comm, keyval, cache):
+    """MPI attribute delete callback: the communicator is being freed."""
+    for mc in cache.values():
+        if mc.comm is not None:
+            mc.free()
+    cache.clear()
+    return 0
+
+
+def _keyval():
+    if not _KEYVAL:
+        _KEYVAL.append(mpi().Comm.Create_keyval(delete_fn=_on_free))
+    return _KEYVAL[0]
 
 
 def mesh_comm(mesh):
     """The shared :class:`MeshComm` of ``mesh`` on its communicator.
 
-    Kept for the life of the process (freed by :func:`free_all`), so that
-    repeated redistributions reuse their sub-communicators.
+    Cached as an MPI attribute of the communicator (as MPI intends for
+    library state), so it is created once per communicator and mesh, and
+    freed when the communicator is freed (or by :func:`free_all`).
     """
     MPI = mpi()
     base = mesh.comm if mesh.comm is not None else MPI.COMM_WORLD
-    key = (MPI.Comm.py2f(base), mesh.axes)
-    found = _OPEN.get(key)
+    cache = base.Get_attr(_keyval())
+    if cache is None:
+        cache = {}
+        base.Set_attr(_keyval(), cache)
+        _CACHED.append(base)
+    found = cache.get(mesh.axes)
     if found is None or found.comm is None:
-        found = _OPEN[key] = MeshComm(mesh)
+        found = cache[mesh.axes] = MeshComm(mesh)
     return found
 
 
 def free_all():
-    """Free the communicators of every mesh :func:`mesh_comm` opened."""
-    for mc in _OPEN.values():
-        if mc.comm is not None:
-            mc.free()
-    _OPEN.clear()
+    """Free the communicators of every mesh :func:`mesh_comm` created."""
+    while _CACHED:
+        base = _CACHED.pop()
+        if base != mpi().COMM_NULL and base.Get_attr(_keyval()) is not None:
+            base.Delete_attr(_keyval())

@@ -10,7 +10,7 @@ import warnings
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from . import heat, ops, planner
-from .agree import agree_on, check
+from .agree import agree_on
 from .blocks import rank_block
 from .comm import mesh_comm, mpi
 from .errors import BudgetWarning, MeshError, ShapeError
@@ -54,6 +54,47 @@ def _check_local(block, shape, dtype, mesh, layout, rank):
                          f"gives this rank {want}")
 
 
+def _collective_check(what, mesh, body):
+    """Run ``body(mesh, rank) -> (result, values)`` on every rank; raise together.
+
+    Any problem on any rank -- a bad mesh, a ValueError from validation, or
+    an argument of the wrong type -- raises on every rank (one small
+    collective), so that no rank is left waiting in a later collective.
+    Returns ``(mesh, result)``.
+    """
+    try:
+        mesh = _mesh(mesh)
+        comm = _base_comm(mesh)
+    except ValueError as exc:
+        agree_on(mpi().COMM_WORLD, what, exc)
+        raise
+    rank = comm.Get_rank()
+    result, values, error = None, {}, None
+    try:
+        result, values = body(mesh, rank)
+    except ValueError as exc:
+        error = exc
+    except (TypeError, AttributeError) as exc:
+        error = ShapeError(f"rank {rank}: {what}: argument of the wrong type: {exc}")
+    agree_on(comm, what, error, **values)
+    return mesh, result
+
+
+def _as_array(x, what, rank):
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise ShapeError(f"rank {rank}: {what} must be a numpy or CuPy array, "
+                         f"found {type(x).__name__}")
+    return x
+
+
+def _as_shape(shape, rank):
+    try:
+        return tuple(int(n) for n in shape)
+    except (TypeError, ValueError):
+        raise ShapeError(f"rank {rank}: global shape must be a sequence of integers, "
+                         f"found {shape!r}") from None
+
+
 class DistArray:
     """A distributed array: this rank's block plus (shape, dtype, layout, mesh).
 
@@ -83,31 +124,32 @@ class DistArray:
         agree on (mesh, shape, dtype, layout); any problem raises on every
         rank before any data moves.
         """
-        mesh, layout = _mesh(mesh), Layout.parse(layout)
-        comm = _base_comm(mesh)
-        shape = tuple(int(n) for n in shape) if _is_shape(shape) else shape
-        error = check(_check_local, block, shape, block.dtype, mesh, layout, comm.Get_rank())
-        agree_on(comm, "DistArray.from_local", error, mesh=mesh, shape=shape,
-                 dtype=block.dtype, layout=layout)
-        return cls(block, shape, layout, mesh)
+        def body(mesh, rank):
+            lay, arr = Layout.parse(layout), _as_array(block, "local block", rank)
+            full = _as_shape(shape, rank)
+            _check_local(arr, full, arr.dtype, mesh, lay, rank)
+            return (full, lay), dict(mesh=mesh, shape=full, dtype=arr.dtype, layout=lay)
+
+        mesh, (full, lay) = _collective_check("DistArray.from_local", mesh, body)
+        return cls(block, full, lay, mesh)
 
     @classmethod
     def from_global(cls, array, mesh, layout):
         """Take this rank's block of ``array``, the same full array on every rank."""
-        mesh, layout = _mesh(mesh), Layout.parse(layout)
-        comm = _base_comm(mesh)
-        rank = comm.Get_rank()
-        shape = tuple(array.shape)
-        error = check(_check_mesh, mesh, comm) or check(
-            planner.validate, shape, array.dtype, mesh, layout, layout)
-        if error is None and layout.partial:
-            error = ShapeError(f"from_global: layout {layout} has partial axes; a full "
-                               "array cannot be split into partial sums")
-        agree_on(comm, "DistArray.from_global", error, mesh=mesh, shape=shape,
-                 dtype=array.dtype, layout=layout)
-        box = rank_block(shape, expand(layout, mesh), rank_digits(mesh, rank))
+        def body(mesh, rank):
+            lay, arr = Layout.parse(layout), _as_array(array, "global array", rank)
+            shape = tuple(arr.shape)
+            _check_mesh(mesh, _base_comm(mesh))
+            planner.validate(shape, arr.dtype, mesh, lay, lay)
+            if lay.partial:
+                raise ShapeError(f"from_global: layout {lay} has partial axes; a full "
+                                 "array cannot be split into partial sums")
+            return (shape, lay), dict(mesh=mesh, shape=shape, dtype=arr.dtype, layout=lay)
+
+        mesh, (shape, lay) = _collective_check("DistArray.from_global", mesh, body)
+        box = rank_block(shape, expand(lay, mesh), rank_digits(mesh, _base_comm(mesh).Get_rank()))
         block = array[tuple(slice(lo, hi) for lo, hi in box)].copy()
-        return cls(block, shape, layout, mesh)
+        return cls(block, shape, lay, mesh)
 
     @property
     def local(self):
@@ -208,13 +250,6 @@ class DistArray:
                 f"layout={str(self._layout)!r}, mesh={self._mesh!r})")
 
 
-def _is_shape(shape):
-    try:
-        return all(int(n) == n for n in shape)
-    except (TypeError, ValueError):
-        return False
-
-
 def redistribute(local, global_shape, mesh, src, dst, donate=False,
                  strategy="collectives", records=None, workspace_bytes=None):
     """Redistribute this rank's block ``local`` from ``src`` to ``dst`` (collective).
@@ -233,26 +268,22 @@ def redistribute(local, global_shape, mesh, src, dst, donate=False,
     (:mod:`mpiredist.executor_inplace`).  If some step cannot run in place, a
     :class:`~mpiredist.errors.BudgetWarning` says so before anything runs.
     """
-    mesh = _mesh(mesh)
-    comm = _base_comm(mesh)
-    rank = comm.Get_rank()
-    error, plan = None, None
-    try:
-        src, dst = Layout.parse(src), Layout.parse(dst)
-        src_l, dst_l = src, dst
-        _check_local(local, global_shape, local.dtype, mesh, src_l, rank)
-        plan = planner.plan(global_shape, local.dtype, mesh, src_l, dst_l, strategy)
-    except ValueError as exc:
-        error = exc
-    agree_on(comm, "redistribute", error, mesh=mesh, shape=tuple(global_shape),
-             dtype=getattr(local, "dtype", None), src=src, dst=dst, strategy=strategy,
-             donate=bool(donate), workspace=workspace_bytes)
+    def body(mesh, rank):
+        s, d = Layout.parse(src), Layout.parse(dst)
+        arr, shape = _as_array(local, "local block", rank), _as_shape(global_shape, rank)
+        _check_local(arr, shape, arr.dtype, mesh, s, rank)
+        p = planner.plan(shape, arr.dtype, mesh, s, d, strategy)
+        return (p, shape, s, d), dict(mesh=mesh, shape=shape, dtype=arr.dtype, src=s, dst=d,
+                                      strategy=strategy, donate=bool(donate),
+                                      workspace=workspace_bytes)
+
+    mesh, (plan, shape, src, dst) = _collective_check("redistribute", mesh, body)
     mc = mesh_comm(mesh)
     fits = assess(plan, donate, workspace_bytes)
     if is_gpu(local) or (not donate and fits.out_of_place_peak <= fits.limit):
         return execute(plan, local, mc, records)
     if strategy == "collectives":
-        plan = planner.plan(global_shape, local.dtype, mesh, src, dst, strategy,
+        plan = planner.plan(shape, local.dtype, mesh, src, dst, strategy,
                             allow_exchange=False)
         fits = assess(plan, donate, workspace_bytes)
     if fits.inplace_peak > fits.limit:

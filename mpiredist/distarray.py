@@ -177,9 +177,14 @@ class DistArray:
     def mesh(self):
         return self._mesh
 
-    def plan(self, dst, strategy="collectives"):
-        """The plan :meth:`redistribute` would run (no communication)."""
-        return planner.plan(self._shape, self.dtype, self._mesh, self._layout, dst, strategy)
+    def plan(self, dst, strategy="collectives", allow_exchange=True):
+        """The plan :meth:`redistribute` would run (no communication).
+
+        A call that runs in place (donated, or over its memory budget out of
+        place) uses the plan with ``allow_exchange=False``.
+        """
+        return planner.plan(self._shape, self.dtype, self._mesh, self._layout, dst, strategy,
+                            allow_exchange)
 
     def redistribute(self, dst, donate=False, strategy="collectives", records=None,
                      workspace_bytes=None):

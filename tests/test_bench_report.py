@@ -12,26 +12,34 @@ import pytest
 from mpiredist.bench import report, runner
 from mpiredist.bench.__main__ import main
 from mpiredist.bench.cases import load_cases
-from mpiredist.bench.memory import traced_peak
+from mpiredist.bench.memory import traced_peak, tracing
 from mpiredist.layout import Layout
 from mpiredist.mesh import Mesh
 
 
-def _rec(case, strategy, median, sent=1000, peak_over_max=1.0, correct=True):
+def _rec(case, strategy, median, sent=1000, peak_over_max=1.0, correct=True,
+         within=True):
     return {"case": case, "label": case[:3], "strategy": strategy, "ranks": 8,
             "mesh": "x=8", "mapped": False, "median_s": median, "min_s": median * 0.9,
             "max_s": median * 1.1, "bytes_sent_per_rank": sent,
             "plan_bytes_sent_per_rank": sent, "lower_bound_bytes_per_rank": sent,
-            "peak_bytes": 10, "peak_over_max": peak_over_max, "correct": correct,
-            "gbps": sent / median / 1e9}
+            "peak_bytes": int(peak_over_max * 100), "peak_over_max": peak_over_max,
+            "limit_bytes": 125, "limit_over_max": 1.25, "within_limit": within,
+            "correct": correct, "gbps": sent / median / 1e9}
 
 
 @pytest.fixture
 def records():
-    recs = [_rec("c01_a", "collectives", 1.0), _rec("c01_a", "xla", 2.0),
-            _rec("c01_a", "replicate", 4.0), _rec("c01_a", "direct", 0.5),
+    recs = [_rec("c01_a", "collectives", 1.0), _rec("c01_a", "inplace", 1.2),
+            _rec("c01_a", "donated", 1.5, peak_over_max=0.1),
+            _rec("c01_a", "xla", 2.0),
+            _rec("c01_a", "replicate", 4.0, peak_over_max=3.0, within=False),
+            _rec("c01_a", "direct", 0.5),
             _rec("c01_a", "raw", 0.25, peak_over_max=0.0),
-            _rec("c02_b", "collectives", 1.0), _rec("c02_b", "xla", 0.5),
+            _rec("c02_b", "collectives", 1.0), _rec("c02_b", "inplace", 2.0,
+                                                    peak_over_max=1.5, within=False),
+            _rec("c02_b", "donated", 0.8, peak_over_max=0.2),
+            _rec("c02_b", "xla", 0.5),
             _rec("c02_b", "replicate", 1.0), _rec("c02_b", "direct", 1.04),
             _rec("c02_b", "raw", 0.5, sent=0, peak_over_max=0.0)]
     return report.add_ratios(recs)
@@ -48,6 +56,12 @@ def test_ratios(records):
     assert by["c01_a", "collectives"]["ratio_vs_raw"] == pytest.approx(4.0)
     assert by["c01_a", "collectives"]["ratio_vs_xla"] == pytest.approx(0.5)
     assert by["c02_b", "collectives"]["ratio_vs_raw"] is None   # raw sends nothing
+    assert by["c01_a", "inplace"]["ratio_vs_collectives"] == pytest.approx(1.2)
+    assert by["c02_b", "donated"]["ratio_vs_collectives"] == pytest.approx(0.8)
+    assert by["c02_b", "collectives"]["ratio_vs_collectives"] == pytest.approx(1.0)
+    assert report.inplace_ratios(records) == {
+        "c01_a": {"inplace": pytest.approx(1.2), "donated": pytest.approx(1.5)},
+        "c02_b": {"inplace": pytest.approx(2.0), "donated": pytest.approx(0.8)}}
 
 
 def test_summary(records):
@@ -58,7 +72,16 @@ def test_summary(records):
     assert s["worst_ratio_vs_raw"] == {"case": "c01_a", "strategy": "replicate",
                                        "ratio": pytest.approx(16.0)}
     assert s["peak_over_max"]["raw"]["max"] == 0.0
+    assert s["peak_over_max"]["inplace"] == {"max": 1.5, "case": "c02_b",
+                                            "geomean": pytest.approx(math.sqrt(1.5)),
+                                            "within_limit": 1, "cases": 2}
+    assert s["peak_over_max"]["replicate"]["within_limit"] == 1
+    assert s["geomean_inplace_vs_collectives"] == pytest.approx(math.sqrt(2.4))
+    assert s["geomean_donated_vs_collectives"] == pytest.approx(math.sqrt(1.2))
+    assert s["worst_inplace_vs_collectives"] == pytest.approx(2.0)
+    assert s["inplace_vs_collectives"]["c01_a"]["donated"] == pytest.approx(1.5)
     assert s["all_correct"] is True
+    assert s["all_inplace_within_limit"] is False
 
 
 def test_findings_name_the_slow_cases(records):
@@ -68,6 +91,17 @@ def test_findings_name_the_slow_cases(records):
     assert "c01_a: collectives is 2.00x slower than direct" in text
     assert "c02_b: collectives is 2.00x slower than xla" in text
     assert not any("c02_b" in l and "direct" in l for l in lines)   # 1.04x is noise
+
+
+def test_findings_name_slow_inplace_runs_and_contract_breaches(records):
+    lines = report.findings(records)
+    text = "\n".join(lines)
+    assert "c01_a: donated takes 1.50x the time of collectives, over the 1.3x target" in text
+    assert "c02_b: inplace takes 2.00x the time of collectives" in text
+    assert not any("c01_a: inplace takes" in l for l in lines)      # 1.2x meets the target
+    assert not any("c02_b: donated takes" in l for l in lines)
+    assert "c02_b: inplace allocated E = 150 B, over the contract's limit 125 B" in text
+    assert not any("replicate allocated" in l for l in lines)       # only in-place runs
 
 
 def test_table_is_fixed_width(records):
@@ -81,6 +115,24 @@ def test_table_is_fixed_width(records):
     assert len(ends) == 1                                       # right-aligned columns
     assert " NO " in lines[2] and "c01" in lines[2] and "collectives" in lines[2]
     assert "x=8" in lines[3]
+    head = lines[0].split()
+    assert {"E/max", "lim/max", "E<=lim", "coll"} <= set(head)
+    col = lines[0].index("E<=lim") + len("E<=lim")
+    flags = {r["strategy"] + r["case"]: line[col - 3:col]
+             for r, line in zip(records, lines[2:])}
+    assert flags["inplacec02_b"] == " NO" and flags["inplacec01_a"] == "yes"
+
+
+def test_summary_text(records):
+    text = report.format_summary(report.summarize(records))
+    assert "inplace        1.50 (c02_b), geomean 1.22, within limit 1/2" in text
+    lines = text.splitlines()
+    i = next(k for k, l in enumerate(lines) if l.startswith("median time / median of"))
+    assert "1.3x" in lines[i]
+    assert lines[i + 1].split() == ["case", "inplace", "donated"]
+    assert lines[i + 2].split() == ["c01_a", "1.20", "1.50"]
+    assert lines[i + 3].split() == ["c02_b", "2.00", "0.80"]
+    assert lines[i + 4].split() == ["geomean", "1.55", "1.10"]
 
 
 def test_json_document(records):
@@ -135,6 +187,19 @@ def test_traced_peak_counts_freed_and_kept_buffers():
         pass
     assert e.bytes < 1 << 12
     del a
+
+
+def test_realloc_counts_the_growth_only_for_blocks_allocated_while_tracing():
+    mib = 1 << 20
+    early = np.ones(mib, dtype=np.uint8)          # before tracing: unknown to it
+    with tracing():
+        late = np.ones(mib, dtype=np.uint8)
+        with traced_peak() as grown:
+            late.resize(3 * mib, refcheck=False)
+        with traced_peak() as unknown:
+            early.resize(3 * mib, refcheck=False)
+    assert 2 * mib <= grown.bytes < 2 * mib + (1 << 16)
+    assert unknown.bytes >= 3 * mib               # why the runner traces first
 
 
 @pytest.mark.parametrize("ranks", range(1, 17))

@@ -16,8 +16,8 @@ from ..mesh import Mesh
 
 __all__ = ["build_parser", "main", "QUICK_SCALE", "QUICK_REPEATS"]
 
-ALL_STRATEGIES = ("collectives", "xla", "replicate", "direct", "raw")
-# --quick: 17 cases x 5 strategies at 8 ranks on 2 cores in under 2 minutes.
+ALL_STRATEGIES = ("collectives", "inplace", "donated", "xla", "replicate", "direct", "raw")
+# --quick: 17 cases x 7 strategies at 8 ranks on 2 cores in under 2 minutes.
 QUICK_SCALE, QUICK_REPEATS = 4, 3
 DEFAULT_REPEATS = 5
 
@@ -26,7 +26,13 @@ Run every redistribution strategy side by side on the same data, on the
 ranks of MPI_COMM_WORLD, and compare time, bytes and measured memory.
 
 strategies:
-  collectives  the paper's normal form (mpiredist's default)
+  collectives  the paper's normal form (mpiredist's default), out of place
+               (mpiredist.executor: a new array per communicating step)
+  inplace      the collectives plan without exchange steps (allow_exchange=
+               False, as redistribute plans it for the in-place path) run by
+               mpiredist.executor_inplace in one buffer, W = default workspace
+  donated      the same, given a fresh copy of the source block (made before
+               the timed region) that it resizes with realloc (donate=True)
   xla          XLA's SPMD partitioner's own sequence (bench/xla.py) run on
                mpiredist's executor; shared cases on their own mesh only
   replicate    all-gather every sharded dim, then slice
@@ -46,13 +52,23 @@ EPILOG = """\
 timing: per case, one untimed warm-up run per strategy (checked against a
 numpy oracle: every rank slices its expected block from the same seeded
 global array; raw checks the bytes it received), one untimed run under
-tracemalloc for the peak E (bytes newly allocated, max over ranks), then
+tracemalloc for the peak E (bytes newly allocated, max over ranks; tracing
+starts before the blocks exist so a donated block's realloc counts only its
+growth, and stops before the timed rounds), then
 --repeats rounds running every strategy once in an order rotated each round,
 with a barrier before each timed run.  A run's time is the largest over
 ranks; the table gives median, min and max over rounds, GB/s = bytes sent
 per rank (counted by the executor) / median.  Planning is outside the timing.
---quick = --scale {qs} --repeats {qr} (unless given).  A "finding:" line names
-each case where collectives' median is over {noise}x that of direct or xla.
+--quick = --scale {qs} --repeats {qr} (unless given).
+
+memory contract (DESIGN.md section 3), per rank, W = max(S,T)/4 + 1 MiB of the
+strategy's plan: limit = max(S,T) + W, or max(0, T-S) + W for donated; the
+table gives E/max(S,T), limit/max(S,T) and E<=lim; "x coll" is the median
+time over collectives' median.
+
+A "finding:" line names each case where collectives' median is over {noise}x
+that of direct or xla, where inplace or donated takes over {target}x
+collectives' median, and where inplace or donated allocates over the limit.
 
 --plan-only --ranks N models every case scaled onto N devices with the
 alpha-beta model of bench/model.py (no MPI; N must be a case's mesh size times
@@ -65,13 +81,14 @@ def _csv(text):
 
 
 def build_parser():
-    from .report import NOISE
+    from .report import INPLACE_TARGET, NOISE
     from .runner import MAPPING_RULE
 
     p = argparse.ArgumentParser(
         prog="python -m mpiredist.bench", description=DESCRIPTION,
         epilog=EPILOG.format(rule=textwrap.fill(MAPPING_RULE, 78), qs=QUICK_SCALE,
-                             qr=QUICK_REPEATS, noise=NOISE),
+                             qr=QUICK_REPEATS, noise=NOISE,
+                             target=INPLACE_TARGET),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", metavar="FILE", help="write one record per case and "
                    "strategy, the skipped ones and a summary to FILE")
@@ -82,7 +99,8 @@ def build_parser():
     p.add_argument("--scale", type=int, metavar="K", help="divide every case's lengths "
                    "by K (default 1; --quick: %d)" % QUICK_SCALE)
     p.add_argument("--quick", action="store_true", help="a run of under 2 minutes at 8 "
-                   "ranks on 2 cores: --scale %d --repeats %d" % (QUICK_SCALE, QUICK_REPEATS))
+                   "ranks on 2 cores (every strategy): --scale %d --repeats %d"
+                   % (QUICK_SCALE, QUICK_REPEATS))
     p.add_argument("--repeats", type=int, metavar="R", help="timed rounds (default %d; "
                    "--quick: %d)" % (DEFAULT_REPEATS, QUICK_REPEATS))
     p.add_argument("--strategies", default=",".join(ALL_STRATEGIES), metavar="LIST",
@@ -200,7 +218,7 @@ def _plan_only(args, opts):
     where = f"{args.ranks} devices" if args.ranks else "each case's own mesh"
     print(f"plan only, {where}, scale {opts.scale}: alpha {net.alpha:g} s/message, "
           f"beta {net.beta:g} B/s per rank (bench/model.py); no MPI"
-          + ("; raw has no model" if "raw" in opts.strategies else ""))
+          + "".join(f"; {s} has no model" for s in opts.strategies if s not in STRATEGIES))
     print(format_table(rows))
     if args.json:
         import json

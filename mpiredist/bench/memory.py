@@ -7,6 +7,17 @@ call returns and keeps alive counts, buffers it frees before returning count
 only while they lived.  MPI's own internal buffers are invisible to
 tracemalloc.
 
+Start tracing before the blocks a measured call gets are allocated
+(:func:`tracing`), and keep it running until the last measurement: numpy
+reports each buffer to tracemalloc when it allocates, frees or reallocates
+it, and tracemalloc knows only the buffers allocated while it was tracing
+(``tracemalloc.stop`` forgets them all).  A donated block that the call grows
+with ``realloc`` (``ndarray.resize``) but that was allocated before tracing
+began is unknown to it, so the reallocated block is counted at its full new
+size T instead of the growth T - S, and E is overstated by S.
+:func:`traced_peak` starts tracemalloc itself only when nothing else did,
+which is right only for calls that reallocate nothing they were given.
+
 Examples
 --------
 >>> import numpy as np
@@ -19,7 +30,7 @@ True
 import tracemalloc
 from contextlib import contextmanager
 
-__all__ = ["Peak", "traced_peak"]
+__all__ = ["Peak", "traced_peak", "tracing"]
 
 
 class Peak:
@@ -32,6 +43,34 @@ class Peak:
 
     def __repr__(self):
         return f"Peak(bytes={self.bytes!r})"
+
+
+@contextmanager
+def tracing():
+    """Keep :mod:`tracemalloc` tracing for the ``with`` block.
+
+    Enter it before allocating the blocks that measured calls will get (see
+    the module doc).  Starts tracemalloc if it is not running and stops it on
+    exit; if it was already running it is left running.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> with tracing():
+    ...     block = np.ones(1 << 20, dtype=np.uint8)
+    ...     with traced_peak() as e:
+    ...         block.resize(3 << 20, refcheck=False)
+    >>> (2 << 20) <= e.bytes < (3 << 20)
+    True
+    """
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    try:
+        yield
+    finally:
+        if started:
+            tracemalloc.stop()
 
 
 @contextmanager

@@ -9,17 +9,20 @@ import json
 import math
 import sys
 
-__all__ = ["NOISE", "REQUIRED_KEYS", "Progress", "geomean", "add_ratios", "summarize",
-           "findings", "format_summary", "format_table", "to_json", "write_json", "plot",
-           "require_matplotlib"]
+__all__ = ["NOISE", "INPLACE_TARGET", "REQUIRED_KEYS", "Progress", "geomean", "add_ratios",
+           "inplace_ratios", "summarize", "findings", "format_summary", "format_table",
+           "to_json", "write_json", "plot", "require_matplotlib"]
 
 # A median ratio above this is a difference, not noise (shared 2-core machines).
 NOISE = 1.05
+# The in-place path's target: no slower than this times the out-of-place one.
+INPLACE_TARGET = 1.3
+INPLACE = ("inplace", "donated")
 
 REQUIRED_KEYS = ("case", "strategy", "ranks", "median_s", "min_s", "max_s",
                  "bytes_sent_per_rank", "plan_bytes_sent_per_rank",
-                 "lower_bound_bytes_per_rank", "peak_bytes", "peak_over_max", "correct",
-                 "gbps")
+                 "lower_bound_bytes_per_rank", "peak_bytes", "peak_over_max",
+                 "limit_bytes", "within_limit", "correct", "gbps")
 
 
 class Progress:
@@ -77,17 +80,37 @@ def _ratio(a, b):
 
 
 def add_ratios(records):
-    """Add ``ratio_vs_raw`` and ``ratio_vs_xla`` (median time over theirs) in place.
+    """Add ``ratio_vs_raw``, ``ratio_vs_xla`` and ``ratio_vs_collectives`` (median
+    time over theirs) in place.
 
     None where the case has no such run, or ``raw`` sends nothing.
     """
     for runs in _by_case(records).values():
-        raw, xla = runs.get("raw"), runs.get("xla")
+        raw, xla, coll = runs.get("raw"), runs.get("xla"), runs.get("collectives")
         for r in runs.values():
             useful = raw is not None and raw["bytes_sent_per_rank"] > 0
             r["ratio_vs_raw"] = _ratio(r["median_s"], raw["median_s"]) if useful else None
             r["ratio_vs_xla"] = _ratio(r["median_s"], xla["median_s"]) if xla else None
+            r["ratio_vs_collectives"] = (_ratio(r["median_s"], coll["median_s"])
+                                         if coll else None)
     return records
+
+
+def inplace_ratios(records):
+    """``{case: {"inplace": x, "donated": y}}``: median time over collectives' median.
+
+    Only cases with a ``collectives`` run and at least one of the two.
+    """
+    out = {}
+    for case, runs in _by_case(records).items():
+        coll = runs.get("collectives")
+        if coll is None:
+            continue
+        row = {s: _ratio(runs[s]["median_s"], coll["median_s"]) for s in INPLACE
+               if s in runs}
+        if row:
+            out[case] = row
+    return out
 
 
 def _speedups(records, other):
@@ -115,16 +138,31 @@ def summarize(records):
         "case": worst["case"], "strategy": worst["strategy"],
         "ratio": worst["ratio_vs_raw"]}
     strategies = list(dict.fromkeys(r["strategy"] for r in records))
-    out["peak_over_max"] = {
-        s: {"max": max(r["peak_over_max"] for r in records if r["strategy"] == s),
-            "geomean": geomean(r["peak_over_max"] for r in records if r["strategy"] == s)}
-        for s in strategies}
+    out["peak_over_max"] = {}
+    for s in strategies:
+        rs = [r for r in records if r["strategy"] == s]
+        top = max(rs, key=lambda r: r["peak_over_max"])
+        out["peak_over_max"][s] = {
+            "max": top["peak_over_max"], "case": top["case"],
+            "geomean": geomean(r["peak_over_max"] for r in rs),
+            "within_limit": sum(1 for r in rs if r.get("within_limit")), "cases": len(rs)}
+    ratios = inplace_ratios(records)
+    out["inplace_vs_collectives"] = ratios
+    for s in INPLACE:
+        values = [row[s] for row in ratios.values() if row.get(s) is not None]
+        out[f"geomean_{s}_vs_collectives"] = geomean(values)
+        out[f"worst_{s}_vs_collectives"] = max(values, default=None)
     out["all_correct"] = all(r["correct"] for r in records)
+    out["all_inplace_within_limit"] = all(r.get("within_limit", False) for r in records
+                                          if r["strategy"] in INPLACE)
     return out
 
 
-def findings(records, noise=NOISE):
-    """Lines naming the cases where ``collectives`` is slower than direct or xla."""
+def findings(records, noise=NOISE, target=INPLACE_TARGET):
+    """Lines naming the cases where ``collectives`` is slower than direct or xla,
+    where ``inplace`` or ``donated`` takes over ``target`` times collectives'
+    median, and where either of those two allocates more than the contract's
+    limit."""
     lines = []
     for case, runs in _by_case(records).items():
         coll = runs.get("collectives")
@@ -136,6 +174,21 @@ def findings(records, noise=NOISE):
                 lines.append(f"finding: {case}: collectives is {ratio:.2f}x slower than "
                              f"{other} (median {coll['median_s'] * 1e3:.3f} ms vs "
                              f"{runs[other]['median_s'] * 1e3:.3f} ms)")
+        for s in INPLACE:
+            if coll is None or s not in runs:
+                continue
+            ratio = _ratio(runs[s]["median_s"], coll["median_s"])
+            if ratio is not None and ratio > target:
+                lines.append(f"finding: {case}: {s} takes {ratio:.2f}x the time of "
+                             f"collectives, over the {target:g}x target (median "
+                             f"{runs[s]['median_s'] * 1e3:.3f} ms vs "
+                             f"{coll['median_s'] * 1e3:.3f} ms)")
+        for s in INPLACE:
+            r = runs.get(s)
+            if r is not None and "within_limit" in r and not r["within_limit"]:
+                lines.append(f"finding: {case}: {s} allocated E = {r['peak_bytes']} B, over "
+                             f"the contract's limit {r['limit_bytes']} B "
+                             f"(E/max(S,T) {r['peak_over_max']:.2f})")
     return lines
 
 
@@ -143,10 +196,15 @@ def _num(v, fmt):
     return "-" if v is None else format(v, fmt)
 
 
+def _yes(flag):
+    return "-" if flag is None else "yes" if flag else "NO"
+
+
 def format_table(records):
     """A fixed-width table, one line per case and strategy (times in ms)."""
     head = ("case", "mesh", "strategy", "median ms", "min ms", "max ms", "GB/s",
-            "sent MiB", "plan MiB", "bound MiB", "E/max", "ok", "x raw", "x xla")
+            "sent MiB", "plan MiB", "bound MiB", "E/max", "lim/max", "E<=lim", "ok",
+            "x raw", "x xla", "x coll")
     rows = [head]
     for r in records:
         mesh = r["mesh"] + ("*" if r.get("mapped") else "")
@@ -156,8 +214,10 @@ def format_table(records):
                      _num(r["bytes_sent_per_rank"] / 2**20, ".2f"),
                      _num(r["plan_bytes_sent_per_rank"] / 2**20, ".2f"),
                      _num(r["lower_bound_bytes_per_rank"] / 2**20, ".2f"),
-                     _num(r["peak_over_max"], ".2f"), "yes" if r["correct"] else "NO",
-                     _num(r.get("ratio_vs_raw"), ".2f"), _num(r.get("ratio_vs_xla"), ".2f")))
+                     _num(r["peak_over_max"], ".2f"), _num(r.get("limit_over_max"), ".2f"),
+                     _yes(r.get("within_limit")), "yes" if r["correct"] else "NO",
+                     _num(r.get("ratio_vs_raw"), ".2f"), _num(r.get("ratio_vs_xla"), ".2f"),
+                     _num(r.get("ratio_vs_collectives"), ".2f")))
     widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
     left = 3                                      # case, mesh, strategy: left-aligned
     lines = ["  ".join(v.ljust(w) if c < left else v.rjust(w)
@@ -182,8 +242,25 @@ def format_summary(summary):
                      f"{w['strategy']})")
     mem = summary.get("peak_over_max", {})
     if mem:
-        lines.append("E/max(S,T), max (geomean): " + ", ".join(
-            f"{s} {m['max']:.2f} ({_num(m['geomean'], '.2f')})" for s, m in mem.items()))
+        lines.append("E/max(S,T) per strategy: worst (case), geomean, runs within the "
+                     "contract's limit:")
+        width = max(len(s) for s in mem)
+        for s, m in mem.items():
+            lines.append(f"  {s.ljust(width)}  {m['max']:6.2f} ({m.get('case', '-')}), "
+                         f"geomean {_num(m['geomean'], '.2f')}, within limit "
+                         f"{m.get('within_limit', '-')}/{m.get('cases', '-')}")
+    ratios = summary.get("inplace_vs_collectives") or {}
+    if ratios:
+        cols = [s for s in INPLACE if any(s in row for row in ratios.values())]
+        lines.append(f"median time / median of collectives (target <= {INPLACE_TARGET:g}x):")
+        width = max(len(case) for case in ratios)
+        lines.append("  " + "case".ljust(width) + "".join(f"  {s:>8}" for s in cols))
+        for case, row in ratios.items():
+            lines.append("  " + case.ljust(width) + "".join(
+                f"  {_num(row.get(s), '.2f'):>8}" for s in cols))
+        lines.append("  " + "geomean".ljust(width) + "".join(
+            f"  {_num(summary.get(f'geomean_{s}_vs_collectives'), '.2f'):>8}"
+            for s in cols))
     return "\n".join(lines)
 
 

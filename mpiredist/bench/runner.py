@@ -44,6 +44,7 @@ import gc
 import math
 import time
 import zlib
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -57,8 +58,8 @@ from .cases import Case, load_cases, scaled
 from .memory import traced_peak, tracing
 from .model import grow_mesh
 
-__all__ = ["STRATEGIES", "Entry", "map_mesh", "suite", "global_array", "source_block",
-           "target_block", "Raw", "make_raw", "run_suite"]
+__all__ = ["STRATEGIES", "INPLACE", "Entry", "map_mesh", "suite", "global_array",
+           "source_block", "target_block", "Raw", "make_raw", "run_suite"]
 
 STRATEGIES = ("collectives", "inplace", "donated", "xla", "replicate", "direct", "raw")
 # Run by mpiredist.executor_inplace on the collectives plan without exchange steps.
@@ -365,10 +366,35 @@ def _same(out, expected):
             and out.dtype == expected.dtype and bool(np.array_equal(out, expected)))
 
 
+def _limit(name, s, t, workspace):
+    """DESIGN.md section 3: ``max(S,T) + W``, or ``max(0, T-S) + W`` donated."""
+    return (max(0, t - s) if name == "donated" else max(s, t)) + workspace
+
+
+def _runner(name, plan, src, mc, raw):
+    """``(prepare, call)``: ``call(prepare(), records)`` runs strategy ``name`` once.
+
+    ``prepare`` (not timed) returns the block the call gets: ``src`` itself,
+    or for ``donated`` a fresh copy that the call may resize and overwrite.
+    """
+    from ..budget import default_workspace
+    from ..executor import execute
+    from ..executor_inplace import execute_inplace
+
+    if name == "raw":
+        return (lambda: None), (lambda a, records=None: raw.run())
+    if name in INPLACE:
+        donate, w = name == "donated", default_workspace(plan)
+        prepare = (lambda: src.copy(order="C")) if donate else (lambda: src)
+        return prepare, (lambda a, records=None: execute_inplace(plan, a, mc, donate, w,
+                                                                 records))
+    return (lambda: src), (lambda a, records=None: execute(plan, a, mc, records))
+
+
 def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
     """Run one case; return ``(records, skipped)`` (identical on every rank)."""
+    from ..budget import default_workspace
     from ..comm import MeshComm, mpi
-    from ..executor import execute
 
     MPI = mpi()
     c = entry.case
@@ -379,51 +405,61 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
             skipped[n] = "could not be planned on some rank"
     mesh = Mesh(c.mesh, comm)
     rank = comm.Get_rank()
-    g = global_array(c.shape, dtype, _seed(c.id, seed))
-    src = source_block(g, mesh, c.src, rank)
-    expected = target_block(g, mesh, c.dst, rank)
-    del g
-    with MeshComm(mesh) as mc:
-        runs, raw = {}, None
-        for n in names:
-            if n == "raw":
-                raw = make_raw(plans["collectives"], mc)
-                runs[n] = lambda records=None, raw=raw: raw.run()
-            else:
-                runs[n] = lambda records=None, p=plans[n]: execute(p, src, mc, records)
-        sent, correct, peak = {}, {}, {}
-        for n in names:                         # warm-up, checked
-            records = []
-            comm.Barrier()
-            out = runs[n](records)
-            correct[n] = raw.check() if n == "raw" else _same(out, expected)
-            sent[n] = raw.bytes_sent if n == "raw" else sum(r.bytes_sent for r in records)
-            del out
-            _tick(progress, entry, n)
-        for n in names:                         # measured memory, untimed
-            gc.collect()
-            comm.Barrier()
-            with traced_peak() as e:
-                out = runs[n]()
-            del out
-            peak[n] = e.bytes
-            _tick(progress, entry, n)
-        times = np.zeros((len(names), repeats))
-        for r in range(repeats):                # A/B interleaved, rotating order
-            for k in range(len(names)):
-                i = (k + r) % len(names)
+    with ExitStack() as traced:
+        traced.enter_context(tracing())     # before any block exists (module doc)
+        g = global_array(c.shape, dtype, _seed(c.id, seed))
+        src = source_block(g, mesh, c.src, rank)
+        expected = target_block(g, mesh, c.dst, rank)
+        del g
+        with MeshComm(mesh) as mc:
+            runs, raw = {}, None
+            for n in names:
+                if n == "raw":
+                    raw = make_raw(plans["collectives"], mc)
+                runs[n] = _runner(n, plans.get(n), src, mc, raw)
+            sent, correct, peak, over, limit = {}, {}, {}, {}, {}
+            for n in names:                         # warm-up, checked
+                prepare, call = runs[n]
+                records, a = [], prepare()
                 comm.Barrier()
-                t0 = time.perf_counter()
-                out = runs[names[i]]()
-                times[i, r] = time.perf_counter() - t0
-                if r == repeats - 1 and names[i] != "raw":
-                    correct[names[i]] &= _same(out, expected)
-                del out
-                _tick(progress, entry, names[i])
-        comm.Barrier()
+                out = call(a, records)
+                correct[n] = raw.check() if n == "raw" else _same(out, expected)
+                sent[n] = raw.bytes_sent if n == "raw" else sum(r.bytes_sent for r in records)
+                del out, a
+                _tick(progress, entry, n)
+            for n in names:                         # measured memory, untimed
+                prepare, call = runs[n]
+                ref = plans[n] if n != "raw" else plans["collectives"]
+                limit[n] = _limit(n, src.nbytes, expected.nbytes, default_workspace(ref))
+                a = prepare()
+                gc.collect()
+                comm.Barrier()
+                with traced_peak() as e:
+                    out = call(a)
+                del out, a
+                peak[n] = e.bytes
+                over[n] = int(e.bytes > limit[n])
+                _tick(progress, entry, n)
+            traced.close()                          # the timed runs run untraced
+            times = np.zeros((len(names), repeats))
+            for r in range(repeats):                # A/B interleaved, rotating order
+                for k in range(len(names)):
+                    i = (k + r) % len(names)
+                    prepare, call = runs[names[i]]
+                    a = prepare()
+                    comm.Barrier()
+                    t0 = time.perf_counter()
+                    out = call(a)
+                    times[i, r] = time.perf_counter() - t0
+                    if r == repeats - 1 and names[i] != "raw":
+                        correct[names[i]] &= _same(out, expected)
+                    del out, a
+                    _tick(progress, entry, names[i])
+            comm.Barrier()
     worst = np.empty_like(times)
     comm.Allreduce(times, worst, op=MPI.MAX)
-    ints = np.array([[sent[n], peak[n], int(not correct[n])] for n in names], dtype=np.int64)
+    ints = np.array([[sent[n], peak[n], int(not correct[n]), limit[n], over[n]]
+                     for n in names], dtype=np.int64)
     top = np.empty_like(ints)
     comm.Allreduce(ints.reshape(-1), top.reshape(-1), op=MPI.MAX)
     return [_record(entry, n, plans, raw, worst[i], top[i], comm.Get_size(), dtype)
@@ -436,9 +472,11 @@ def _tick(progress, entry, name):
 
 
 def _record(entry, name, plans, raw, times, reduced, ranks, dtype):
+    from ..budget import default_workspace
+
     c = entry.case
     ref = plans[name] if name != "raw" else plans.get("collectives")
-    sent, peak, bad = (int(v) for v in reduced)
+    sent, peak, bad, limit, over = (int(v) for v in reduced)
     big = max(ref.src_local_bytes, ref.dst_local_bytes) if ref is not None else 0
     median = float(np.median(times)) if len(times) else float("nan")
     return {
@@ -455,6 +493,9 @@ def _record(entry, name, plans, raw, times, reduced, ranks, dtype):
         "src_local_bytes": ref.src_local_bytes, "dst_local_bytes": ref.dst_local_bytes,
         "plan_peak_local_bytes": None if name == "raw" else ref.peak_local_bytes,
         "peak_bytes": peak, "peak_over_max": peak / big if big else 0.0,
+        "donated": name == "donated", "workspace_bytes": default_workspace(ref),
+        "limit_bytes": limit,
+        "limit_over_max": limit / big if big else 0.0, "within_limit": not over,
         "correct": not bad,
         "gbps": sent / median / 1e9 if median > 0 else 0.0,
         "ops": ([raw.op] if name == "raw" else [s.op for s in ref.steps]),

@@ -63,6 +63,15 @@ def _check(comm, rc, doc, pairs):
     all_ok(comm, not bad, f"executor sent more than the plan says on {bad}")
     all_ok(comm, "summary" in doc and "geomean_collectives_vs_xla" in doc["summary"],
            "JSON has no summary with the geometric means")
+    over = [(r["case"], r["strategy"], r["peak_bytes"], r["limit_bytes"])
+            for r in doc["records"] if r["strategy"] in runner.INPLACE
+            and not (r["within_limit"] is True and r["peak_bytes"] <= r["limit_bytes"])]
+    all_ok(comm, not over, f"in-place runs over the memory contract's limit: {over}")
+    inplace = {(r["case"], r["strategy"]) for r in doc["records"]
+               if r["strategy"] in runner.INPLACE}
+    ratios = doc["summary"]["inplace_vs_collectives"]
+    have = {(case, s) for case, row in ratios.items() for s in row}
+    all_ok(comm, have == inplace, f"summary ratios for {sorted(have ^ inplace)}")
 
 
 @pytest.mark.mpi
@@ -73,6 +82,36 @@ def test_quick_suite_every_case_and_strategy(comm):
     skipped = {(s["case"], s["strategy"]) for s in doc["skipped"]}
     want = {(e.case.id, "xla") for e in entries if not e.native}
     all_ok(comm, skipped == want, f"skipped {sorted(skipped)}, expected {sorted(want)}")
+    for s in runner.INPLACE:
+        all_ok(comm, doc["summary"][f"geomean_{s}_vs_collectives"] is not None,
+               f"no geometric mean of {s} vs collectives")
+
+
+@pytest.mark.mpi
+def test_donated_counts_only_the_growth(comm):
+    """All-gather of 2 MiB blocks: T = n S.  A donated block grows by T - S; had
+    tracing started after the block was allocated, its realloc would count T."""
+    n = comm.size
+    rows, cols = 1024, 512                         # S = 2 MiB of float32 per rank
+    strategies = ["collectives", "inplace", "donated"]
+    rc, doc = _run_bench(comm, ["--cases", "none", "--repeats", "1",
+                                "--strategies", ",".join(strategies),
+                                "--mesh", f"x={n}", "--shape", f"{rows * n},{cols}",
+                                "--src", "[{x},{}]", "--dst", "[{},{}]"])
+    _check(comm, rc, doc, {("user", s) for s in strategies})
+    by = {r["strategy"]: r for r in doc["records"]}
+    s_bytes, t_bytes = by["donated"]["src_local_bytes"], by["donated"]["dst_local_bytes"]
+    all_ok(comm, (s_bytes, t_bytes) == (rows * cols * 4, n * rows * cols * 4),
+           f"S, T = {s_bytes}, {t_bytes}")
+    w = by["donated"]["workspace_bytes"]
+    all_ok(comm, by["donated"]["limit_bytes"] == t_bytes - s_bytes + w,
+           f"donated limit {by['donated']['limit_bytes']}")
+    all_ok(comm, by["inplace"]["limit_bytes"] == t_bytes + w,
+           f"inplace limit {by['inplace']['limit_bytes']}")
+    saved = by["inplace"]["peak_bytes"] - by["donated"]["peak_bytes"]
+    all_ok(comm, saved >= s_bytes // 2, f"donating saved {saved} B of S = {s_bytes} B "
+           f"(inplace E {by['inplace']['peak_bytes']}, donated E "
+           f"{by['donated']['peak_bytes']})")
 
 
 @pytest.mark.mpi

@@ -83,6 +83,7 @@ class _Context:
         self.itemsize = plan.dtype.itemsize
         self.elem = self.MPI.BYTE.Create_contiguous(self.itemsize).Commit()
         self.types = []
+        self.reserved = None    # callable shape -> array for the next output
 
     def subarray(self, region, box=None):
         """``(count, datatype)`` for ``box`` (global coords) inside ``region``."""
@@ -158,7 +159,15 @@ def _volume(box):
 
 
 def _empty(ctx, block):
-    return ctx.xp.empty(tuple(hi - lo for lo, hi in block), dtype=ctx.plan.dtype)
+    """A new output block, or the buffer the in-place executor reserved for it."""
+    return _new(ctx, tuple(hi - lo for lo, hi in block))
+
+
+def _new(ctx, shape):
+    if ctx.reserved is not None:
+        out, ctx.reserved = ctx.reserved(shape), None
+        return out
+    return ctx.xp.empty(shape, dtype=ctx.plan.dtype)
 
 
 def _slice(ctx, step, region):
@@ -284,7 +293,7 @@ def _reduce_scatter(ctx, step, region):
 def _all_reduce(ctx, step, region):
     comm = ctx.mc.sub(step.axes)
     src = _contiguous(ctx, region)
-    out = ctx.xp.empty_like(src)
+    out = _new(ctx, src.shape)
     synchronize(src)
     typed = _typed(ctx)
     comm.Allreduce([src, typed], [out, typed], _mpi_op(ctx))

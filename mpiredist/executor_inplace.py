@@ -57,6 +57,8 @@ class _Run:
         self.shape = tuple(local.shape)
         capacity = buffer_bytes(plan)
         self.owner = local if donate and can_resize(local) else None
+        self.ctx = executor._Context(plan, mc, np)
+        self.filled = []        # records of the steps run while filling the buffer
         if self.owner is not None:
             elems = -(-capacity // self.itemsize)
             if elems > local.size:
@@ -66,8 +68,34 @@ class _Run:
             self.buf = local.view(np.uint8)
         else:
             self.buf = np.empty(capacity, dtype=np.uint8)
-            np.copyto(self.typed(self.shape), local)
-        self.ctx = executor._Context(plan, mc, np)
+            self._fill(local)
+
+    def _fill(self, local):
+        """Fill the buffer from the caller's block without copying it whole.
+
+        Leading slices only narrow a view of ``local``; the first
+        communicating step then reads from that view (subarray datatypes)
+        and writes its output straight into the buffer.  Only when that step
+        cannot (a reduce-scatter that needs packing) is the view copied in.
+        """
+        region = Region(np.ascontiguousarray(local))
+        for step in self.plan.steps:
+            if step.op == "slice":
+                region, _ = executor._slice(self.ctx, step, region)
+                self.filled.append(StepRecord(step.op, 0, 0.0))
+                continue
+            if _reads_caller(step, region):
+                self.ctx.reserved = self.typed
+                try:
+                    region, sent = executor._RUN[step.op](self.ctx, step, region)
+                finally:
+                    self.ctx.reserved = None
+                    self.ctx.free_types()
+                self.filled.append(StepRecord(step.op, int(sent), 0.0))
+            break
+        self.shape = region.shape
+        if region.base is not None and not _aliases(region.base, self.buf):
+            np.copyto(self.typed(self.shape), region.view())
 
     def typed(self, shape):
         n = math.prod(shape) * self.itemsize
@@ -87,6 +115,19 @@ class _Run:
         return buf.view(self.plan.dtype).reshape(self.shape)
 
 
+def _reads_caller(step, region):
+    """True if ``step`` can read the caller's block and write the buffer directly."""
+    if step.op in ("all_gather", "all_to_all", "exchange", "permute"):
+        return True
+    if step.op == "reduce_scatter":
+        return region.whole and all(n == 1 for n in region.shape[:step.dims[0]])
+    return step.op == "all_reduce" and region.whole
+
+
+def _aliases(a, buf):
+    return np.shares_memory(a, buf) if a.size and buf.size else False
+
+
 def execute_inplace(plan, local, mc, donate=False, workspace=1 << 20, records=None):
     """Run ``plan`` in one buffer; return this rank's target block.
 
@@ -94,8 +135,10 @@ def execute_inplace(plan, local, mc, donate=False, workspace=1 << 20, records=No
     buffer: it is resized and its contents are undefined afterwards.
     """
     run = _Run(plan, local, mc, donate, workspace)
+    if records is not None:
+        records.extend(run.filled)
     try:
-        for step in plan.steps:
+        for step in plan.steps[len(run.filled):]:
             t0 = _now()
             try:
                 if inplace_reason(plan, step) is None:
@@ -155,7 +198,10 @@ def _all_gather(run, step):
     outer, inner = math.prod(out[:d]), math.prod(out[d + 1:]) * run.itemsize
     if outer * inner:
         t = _strided(run, outer, inner, out[d] * inner, inner)
-        comm.Allgatherv(run.MPI.IN_PLACE, [run.buf, lengths, starts, t])
+        if len(set(lengths)) == 1 and starts == [m * lengths[0] for m in range(len(lengths))]:
+            comm.Allgather(run.MPI.IN_PLACE, [run.buf, lengths[0], t])   # much faster in MPICH
+        else:
+            comm.Allgatherv(run.MPI.IN_PLACE, [run.buf, lengths, starts, t])
     sent = math.prod(run.shape) * run.itemsize * (comm.Get_size() - 1)
     run.shape = out
     return sent

@@ -48,6 +48,7 @@ def block_index(group, digits):
     return p
 
 
+@lru_cache(maxsize=4096)
 def local_shape(global_shape, sublayout):
     """Largest local block shape of ``sublayout`` (that of the first rank)."""
     return tuple(chunk(n, group_size(d)) for n, d in zip(global_shape, sublayout.dims))

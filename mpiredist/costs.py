@@ -120,8 +120,8 @@ def _exact_sends(shape, before, after, mesh_axes):
     """Per rank: elements an exchange sends to others (see routing.exchange_sends)."""
     digits, strides = all_digits(mesh_axes), _rank_strides(mesh_axes)
     taken = before.used() | frozenset(before.partial)
-    shard = [s for s in digits if s in before.used()]
-    free = [s for s in digits if s not in taken]
+    shard = tuple(s for s in digits if s in before.used())
+    free = tuple(s for s in digits if s not in taken)
     nfree = group_size(free)
     size = math.prod(s for _, s in mesh_axes)
     ranks = np.arange(size)

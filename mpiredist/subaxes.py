@@ -67,7 +67,9 @@ def sub_axes(mesh_axes):
     return out
 
 
+@lru_cache(maxsize=4096)
 def group_size(group):
+    """Number of ranks in a sub-axis group (a tuple of SubAxis)."""
     return math.prod(s.size for s in group)
 
 

@@ -38,7 +38,7 @@ setup(
     extras_require={
         "mpi": [MPI4PY],
         "mpich": [MPI4PY, "mpich"],  # PyPI MPICH, for laptops and CI
-        "test": ["pytest", "pytest-mpi", "hypothesis", MPI4PY, "h5py"],
+        "test": ["pytest", "pytest-mpi", "hypothesis", MPI4PY, "h5py", "matplotlib"],
         "hdf5": ["h5py"],
         "cupy": ["cupy-cuda12x"],
         "bench": ["matplotlib", MPI4PY],

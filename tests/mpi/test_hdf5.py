@@ -112,8 +112,9 @@ def round_trip(directory, g, mesh, src, dst, mpio, name="a"):
 
 def _cases():
     here = pathlib.Path(__file__).resolve()
-    for base in (here.parents[2], here.parents[3]):
-        path = base / "shared" / "cases.json"
+    paths = [base / "shared" / "cases.json" for base in (here.parents[2], here.parents[3])]
+    paths.append(here.parents[2] / "mpiredist" / "bench" / "data" / "cases.json")  # packaged copy
+    for path in paths:
         if path.exists():
             return json.loads(path.read_text())["cases"]
     return []

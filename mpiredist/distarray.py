@@ -286,7 +286,7 @@ def redistribute(local, global_shape, mesh, src, dst, donate=False,
     mc = mesh_comm(mesh)
     fits = assess(plan, donate, workspace_bytes)
     if is_gpu(local) or (not donate and fits.out_of_place_peak <= fits.limit):
-        return execute(plan, local, mc, records)
+        return execute(plan, local, mc, records, fits.limit - fits.out_of_place_peak)
     if strategy == "collectives":
         plan = planner.plan(shape, local.dtype, mesh, src, dst, strategy,
                             allow_exchange=False)

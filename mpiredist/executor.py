@@ -34,6 +34,7 @@ import numpy as np
 from .backend import array_module, synchronize
 from .blocks import overlap, rank_block
 from .comm import mpi
+from .budget import assess
 from .errors import CommunicationError
 from .routing import exchange_recvs, exchange_sends, permute_dest, permute_source
 
@@ -84,6 +85,7 @@ class _Context:
         self.elem = self.MPI.BYTE.Create_contiguous(self.itemsize).Commit()
         self.types = []
         self.reserved = None    # callable shape -> array for the next output
+        self.slack = 0          # bytes the budget leaves for pack buffers
 
     def subarray(self, region, box=None):
         """``(count, datatype)`` for ``box`` (global coords) inside ``region``."""
@@ -110,11 +112,13 @@ class _Context:
         self.elem.Free()
 
 
-def execute(plan, local, mc, records=None):
+def execute(plan, local, mc, records=None, slack=None):
     """Run ``plan`` on this rank's block ``local``; return the target block.
 
     ``local`` is never written.  ``mc`` is the mesh's
-    :class:`~mpiredist.comm.MeshComm`.  If ``records`` is a list, one
+    :class:`~mpiredist.comm.MeshComm`.  ``slack`` is how many bytes of pack
+    buffer the memory budget allows on top of the outputs (default: what the
+    default workspace leaves, see :mod:`mpiredist.budget`).  If ``records`` is a list, one
     :class:`StepRecord` per step is appended to it.
     """
     xp = array_module(local)
@@ -122,6 +126,10 @@ def execute(plan, local, mc, records=None):
         local = xp.ascontiguousarray(local)
     region = Region(local)
     ctx = _Context(plan, mc, xp)
+    if slack is None:
+        fits = assess(plan)
+        slack = fits.limit - fits.out_of_place_peak
+    ctx.slack = max(0, slack)
     try:
         for step in plan.steps:
             t0 = time.perf_counter()
@@ -216,9 +224,62 @@ def _group_move(ctx, step, region):
             pieces_in[m] = _rel(box, mine_a)
     if step.op == "all_gather" and _gather_is_concat(ctx, step, region, out):
         _allgatherv(ctx, comm, region, out, step)
+    elif step.op == "all_to_all" and _even_pieces(ctx.plan, step):
+        _alltoall(ctx, comm, region, out, step)
     else:
         _alltoallw(ctx, comm, region, out, pieces_out, pieces_in)
     return out, sent * ctx.itemsize
+
+
+def _even_pieces(plan, step):
+    """True if every member's piece has the same shape (decided from the plan)."""
+    shape = plan.global_shape
+    return all(shape[d] % lay.counts()[d] == 0 for d in step.dims
+               for lay in (step.before, step.after))
+
+
+def _strided_piece(ctx, region, shape, dim, count):
+    """Piece 0 of ``region`` (``shape``), resized so piece m is ``m`` extents on.
+
+    Pieces follow each other along ``dim`` every ``shape[dim]`` indices, so
+    one datatype serves all peers of an ``Alltoall``.
+    """
+    base = region.base
+    t = ctx.elem.Create_subarray(list(base.shape), list(shape), list(region.starts))
+    ctx.types.append(t)
+    stride = math.prod(base.shape[dim + 1:]) * ctx.itemsize
+    r = t.Create_resized(0, shape[dim] * stride).Commit()
+    ctx.types.append(r)
+    return [base, count, r]
+
+
+def _alltoall(ctx, comm, region, out, step):
+    """Even all-to-all: one Alltoall, each piece described by one strided datatype.
+
+    MPICH moves derived datatypes several times slower than contiguous
+    bytes (measured: 9 ms against 2.3 ms for 0.5 MiB at 8 ranks), so when
+    the memory budget has room for it, the send side is packed by numpy
+    into one contiguous buffer first.
+    """
+    i, j = step.dims
+    g = comm.Get_size()
+    piece, recv_piece = list(region.shape), list(out.shape)
+    piece[j] //= g
+    recv_piece[i] //= g
+    if not math.prod(piece) or not math.prod(recv_piece):
+        return
+    send = _strided_piece(ctx, region, piece, j, 1)
+    if math.prod(region.shape) * ctx.itemsize <= ctx.slack:
+        view = region.view()
+        lead = math.prod(view.shape[:j])
+        packed = ctx.xp.empty((g,) + tuple(piece), dtype=ctx.plan.dtype)
+        packed.reshape(g, lead, -1)[...] = view.reshape(lead, g, -1).transpose(1, 0, 2)
+        send = [packed, packed.size * ctx.itemsize // g, ctx.MPI.BYTE]
+    recv = _strided_piece(ctx, out, recv_piece, i, 1)
+    if all(n == 1 for n in out.shape[:i]):
+        recv = [out.base, math.prod(recv_piece) * ctx.itemsize, ctx.MPI.BYTE]
+    synchronize(region.base)
+    comm.Alltoall(send, recv)
 
 
 def _gather_is_concat(ctx, step, region, out):

@@ -390,9 +390,45 @@ def _exchange(ctx, step, region):
         if r == mc.rank:
             pieces_out[r] = _rel(box, mine_b)
         pieces_in[r] = _rel(box, mine_a)
-    _alltoallw(ctx, mc.comm, region, out, pieces_out, pieces_in)
     sent = sum(math.prod(s) for r, (_, s) in pieces_out.items() if r != mc.rank)
+    got = sum(math.prod(s) for r, (_, s) in pieces_in.items() if r != mc.rank)
+    if (sent + got) * ctx.itemsize <= ctx.slack:
+        _alltoallv_packed(ctx, mc.comm, region, out, pieces_out, pieces_in)
+    else:
+        _alltoallw(ctx, mc.comm, region, out, pieces_out, pieces_in)
     return out, sent * ctx.itemsize
+
+
+def _alltoallv_packed(ctx, comm, region, out, pieces_out, pieces_in):
+    """Alltoallv of contiguous bytes: numpy packs and unpacks (see :func:`_alltoall`)."""
+    n, me = comm.Get_size(), comm.Get_rank()
+    src, dst = region.view(), out.view()
+    index = {p: tuple(slice(s, s + k) for s, k in zip(*box)) for p, box in pieces_in.items()}
+    if me in pieces_out:                    # this rank's own piece: a local copy
+        dst[index[me]] = src[tuple(slice(s, s + k) for s, k in zip(*pieces_out[me]))]
+    send_counts = [math.prod(pieces_out[p][1]) if p in pieces_out and p != me else 0
+                   for p in range(n)]
+    recv_counts = [math.prod(pieces_in[p][1]) if p in pieces_in and p != me else 0
+                   for p in range(n)]
+    send = ctx.xp.empty(sum(send_counts), dtype=ctx.plan.dtype)
+    offset = 0
+    for p, count in enumerate(send_counts):
+        if count:
+            starts, shape = pieces_out[p]
+            send[offset:offset + count].reshape(shape)[...] = src[
+                tuple(slice(s, s + k) for s, k in zip(starts, shape))]
+            offset += count
+    recv = ctx.xp.empty(sum(recv_counts), dtype=ctx.plan.dtype)
+    b, B = ctx.itemsize, ctx.MPI.BYTE
+    displs = lambda counts: [sum(counts[:p]) * b for p in range(n)]  # noqa: E731
+    synchronize(send)
+    comm.Alltoallv([send, [c * b for c in send_counts], displs(send_counts), B],
+                   [recv, [c * b for c in recv_counts], displs(recv_counts), B])
+    offset = 0
+    for p, count in enumerate(recv_counts):
+        if count:
+            dst[index[p]] = recv[offset:offset + count].reshape(pieces_in[p][1])
+            offset += count
 
 
 _RUN = {"slice": _slice, "all_gather": _group_move, "all_to_all": _group_move,

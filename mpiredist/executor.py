@@ -391,8 +391,7 @@ def _exchange(ctx, step, region):
             pieces_out[r] = _rel(box, mine_b)
         pieces_in[r] = _rel(box, mine_a)
     sent = sum(math.prod(s) for r, (_, s) in pieces_out.items() if r != mc.rank)
-    got = sum(math.prod(s) for r, (_, s) in pieces_in.items() if r != mc.rank)
-    if (sent + got) * ctx.itemsize <= ctx.slack:
+    if 2 * step.bytes_sent_per_rank <= ctx.slack:    # the same choice on every rank
         _alltoallv_packed(ctx, mc.comm, region, out, pieces_out, pieces_in)
     else:
         _alltoallw(ctx, mc.comm, region, out, pieces_out, pieces_in)

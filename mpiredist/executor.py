@@ -129,7 +129,7 @@ def execute(plan, local, mc, records=None, slack=None):
     if slack is None:
         fits = assess(plan)
         slack = fits.limit - fits.out_of_place_peak
-    ctx.slack = max(0, slack)
+    ctx.slack = max(0, slack) // 2     # half: room for what is allocated around the packing
     try:
         for step in plan.steps:
             t0 = time.perf_counter()
@@ -238,6 +238,40 @@ def _even_pieces(plan, step):
                for lay in (step.before, step.after))
 
 
+def _alltoall_slabs(ctx, comm, region, out, i, j):
+    """Even all-to-all in rounds of whole rows of dim ``i``, packed within the slack.
+
+    Each round packs rows ``[r0, r1)`` of every piece with numpy into one
+    contiguous buffer and receives them straight into ``out``, whose pieces
+    are contiguous (all dims before ``i`` have length 1).  Returns False if
+    not even one row fits in the slack.
+    """
+    g, view = comm.Get_size(), region.view()
+    rows = view.shape[i]
+    row = math.prod(view.shape[i + 1:])            # elements per row of dim i (all pieces)
+    per_round = ctx.slack // max(1, row * ctx.itemsize)
+    if per_round < 1 or rows == 0:
+        return False
+    flat = out.base.reshape(-1)
+    piece_row = row // g                           # elements per row of one piece
+    per_round = min(per_round, rows)
+    buffer = ctx.xp.empty(per_round * row, dtype=ctx.plan.dtype)   # one pack buffer, reused
+    for r0 in range(0, rows, per_round):
+        r1 = min(rows, r0 + per_round)
+        n = (r1 - r0) * piece_row
+        slab = view[(0,) * i + (slice(r0, r1),)].reshape(r1 - r0, -1, g, piece_row //
+                                                         math.prod(view.shape[i + 1:j]))
+        packed = buffer[:g * n].reshape((g,) + slab.shape[:2] + slab.shape[3:])
+        packed[...] = slab.transpose(2, 0, 1, 3)
+        t = ctx.MPI.BYTE.Create_contiguous(n * ctx.itemsize)
+        ctx.types.append(t)
+        rt = t.Create_resized(0, rows * piece_row * ctx.itemsize).Commit()
+        ctx.types.append(rt)
+        synchronize(packed)
+        comm.Alltoall([packed, n * ctx.itemsize, ctx.MPI.BYTE], [flat[r0 * piece_row:], 1, rt])
+    return True
+
+
 def _strided_piece(ctx, region, shape, dim, count):
     """Piece 0 of ``region`` (``shape``), resized so piece m is ``m`` extents on.
 
@@ -267,6 +301,9 @@ def _alltoall(ctx, comm, region, out, step):
     piece[j] //= g
     recv_piece[i] //= g
     if not math.prod(piece) or not math.prod(recv_piece):
+        return
+    if i < j and all(n == 1 for n in out.shape[:i]) and _alltoall_slabs(
+            ctx, comm, region, out, i, j):
         return
     send = _strided_piece(ctx, region, piece, j, 1)
     if math.prod(region.shape) * ctx.itemsize <= ctx.slack:

@@ -58,6 +58,7 @@ class _Run:
         capacity = buffer_bytes(plan)
         self.owner = local if donate and can_resize(local) else None
         self.ctx = executor._Context(plan, mc, np)
+        self.ctx.slack = workspace // 2     # pack buffers of the step that fills the buffer
         self.filled = []        # records of the steps run while filling the buffer
         if self.owner is not None:
             elems = -(-capacity // self.itemsize)

@@ -13,7 +13,7 @@ import numpy as np
 
 from .subaxes import all_digits, group_size
 
-__all__ = ["chunk", "interval", "aligned", "block_index", "local_shape",
+__all__ = ["chunk", "interval", "aligned", "divides_evenly", "block_index", "local_shape",
            "rank_block", "all_blocks", "overlap"]
 
 
@@ -46,6 +46,12 @@ def block_index(group, digits):
     for s in group:
         p = p * s.size + digits[s]
     return p
+
+
+def divides_evenly(global_shape, layouts, dims=None):
+    """True if the ``dims`` (default all) split into equal shards in every layout."""
+    dims = range(len(global_shape)) if dims is None else dims
+    return all(global_shape[d] % group_size(lay.dims[d]) == 0 for lay in layouts for d in dims)
 
 
 @lru_cache(maxsize=4096)

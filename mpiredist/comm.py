@@ -10,7 +10,7 @@ index over the group (first sub-axis major).
 from .errors import MeshError
 from .subaxes import rank_digits
 
-__all__ = ["MeshComm", "mpi", "mesh_comm"]
+__all__ = ["MeshComm", "mpi", "mesh_comm", "check_size"]
 
 
 def mpi():
@@ -21,6 +21,13 @@ def mpi():
         raise ImportError("mpi4py is required to run plans: pip install mpi4py "
                           "(or mpiredist[mpich] for a self-contained MPICH)") from exc
     return MPI
+
+
+def check_size(mesh, comm):
+    """MeshError unless ``comm`` has exactly ``mesh.size`` ranks."""
+    if comm.Get_size() != mesh.size:
+        raise MeshError(f"mesh {mesh} has {mesh.size} devices but the communicator "
+                        f"has {comm.Get_size()} ranks")
 
 
 class MeshComm:
@@ -36,9 +43,7 @@ class MeshComm:
     def __init__(self, mesh):
         MPI = mpi()
         base = mesh.comm if mesh.comm is not None else MPI.COMM_WORLD
-        if base.Get_size() != mesh.size:
-            raise MeshError(f"mesh {mesh} has {mesh.size} devices but the communicator "
-                            f"has {base.Get_size()} ranks")
+        check_size(mesh, base)
         self.mesh = mesh
         if mesh.axes:
             self.comm = base.Create_cart(list(mesh.sizes), periods=[False] * len(mesh.axes),

@@ -12,8 +12,8 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 from . import heat, ops, planner
 from .agree import agree_on
 from .blocks import rank_block
-from .comm import mesh_comm, mpi
-from .errors import BudgetWarning, MeshError, ShapeError
+from .comm import check_size, mesh_comm, mpi
+from .errors import BudgetWarning, ShapeError
 from .backend import is_gpu
 from .budget import assess
 from .executor import execute
@@ -38,14 +38,8 @@ def _block_shape(shape, mesh, layout, rank):
     return tuple(hi - lo for lo, hi in box)
 
 
-def _check_mesh(mesh, comm):
-    if comm.Get_size() != mesh.size:
-        raise MeshError(f"mesh {mesh} has {mesh.size} devices but the communicator "
-                        f"has {comm.Get_size()} ranks")
-
-
 def _check_local(block, shape, dtype, mesh, layout, rank):
-    _check_mesh(mesh, _base_comm(mesh))
+    check_size(mesh, _base_comm(mesh))
     planner.validate(shape, dtype, mesh, layout, layout)
     want = _block_shape(shape, mesh, layout, rank)
     if tuple(block.shape) != want:
@@ -139,7 +133,7 @@ class DistArray:
         def body(mesh, rank):
             lay, arr = Layout.parse(layout), _as_array(array, "global array", rank)
             shape = tuple(arr.shape)
-            _check_mesh(mesh, _base_comm(mesh))
+            check_size(mesh, _base_comm(mesh))
             planner.validate(shape, arr.dtype, mesh, lay, lay)
             if lay.partial:
                 raise ShapeError(f"from_global: layout {lay} has partial axes; a full "

@@ -39,7 +39,8 @@ from .comm import mpi
 from .budget import assess
 from .packing import alltoall, alltoallv_packed, even_pieces
 from .errors import CommunicationError
-from .routing import exchange_recvs, exchange_sends, permute_dest, permute_source
+from .routing import (exchange_recvs, exchange_sends, member_digits, permute_dest,
+                      permute_source)
 
 __all__ = ["execute", "Region", "StepRecord"]
 
@@ -219,13 +220,6 @@ def _slice(ctx, step, region):
     return region.sub(starts, shape), 0
 
 
-def _member_digits(digits, group, m):
-    d = dict(digits)
-    for s in reversed(group):
-        m, d[s] = divmod(m, s.size)
-    return d
-
-
 def _alltoallw(ctx, comm, region, out, pieces_out, pieces_in):
     """Alltoallw on ``comm``; pieces are ``{peer: (rel box in region / out)}``."""
     n, none = comm.Get_size(), (0, 0, ctx.elem)
@@ -252,7 +246,7 @@ def _group_move(ctx, step, region):
     out = Region(_empty(ctx, mine_a))
     pieces_out, pieces_in, sent = {}, {}, 0
     for m in range(comm.Get_size()):
-        other = _member_digits(digits, step.axes, m)
+        other = member_digits(digits, step.axes, m)
         box = overlap(mine_b, _block(ctx, step.after, other))
         if box is not None:
             pieces_out[m] = _rel(box, mine_b)
@@ -281,7 +275,7 @@ def _gather_is_concat(ctx, step, region, out):
 def _allgatherv(ctx, comm, region, out, step):
     """Allgather when all blocks are equal (MPICH's Allgatherv is much slower)."""
     digits = ctx.mc.digits
-    counts = [_volume(_block(ctx, step.before, _member_digits(digits, step.axes, m)))
+    counts = [_volume(_block(ctx, step.before, member_digits(digits, step.axes, m)))
               * ctx.itemsize for m in range(comm.Get_size())]
     send = ctx.whole(region)
     synchronize(region.base)
@@ -315,7 +309,7 @@ def _reduce_scatter(ctx, step, region):
     src = region.view()
     parts, counts = [], []
     for m in range(comm.Get_size()):
-        box = _block(ctx, step.after, _member_digits(digits, step.axes, m))
+        box = _block(ctx, step.after, member_digits(digits, step.axes, m))
         starts, shape = _rel(box, mine_b)
         index = tuple(slice(s, s + n) for s, n in zip(starts, shape))
         parts.append(src[index])

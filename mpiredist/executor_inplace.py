@@ -33,9 +33,9 @@ from .blocks import rank_block
 from .budget import buffer_bytes, frame_shape, inplace_reason
 from .comm import mpi
 from .errors import CommunicationError
-from .executor import Region, StepRecord, _member_digits, _rel
+from .executor import Region, StepRecord, _rel
 from .inplace import compact, expand, transpose
-from .routing import permute_dest, permute_source
+from .routing import member_digits, permute_dest, permute_source
 
 __all__ = ["execute_inplace", "can_resize"]
 
@@ -189,7 +189,7 @@ def _all_gather(run, step):
     out = tuple(hi - lo for lo, hi in mine)
     starts, lengths = [], []
     for m in range(comm.Get_size()):
-        (lo, hi) = run.block(step.before, _member_digits(digits, step.axes, m))[d]
+        (lo, hi) = run.block(step.before, member_digits(digits, step.axes, m))[d]
         starts.append(lo - mine[d][0])
         lengths.append(hi - lo)
     me = comm.Get_rank()
@@ -263,7 +263,7 @@ def _reduce_scatter(run, step):
         transpose(run.buf, 1, outer, g, shape[j] // g * inner * run.itemsize, run.chunk)
         counts = [outer * (shape[j] // g) * inner] * g
     else:
-        lengths = [run.block(step.after, _member_digits(run.mc.digits, step.axes, m))[j]
+        lengths = [run.block(step.after, member_digits(run.mc.digits, step.axes, m))[j]
                    for m in range(g)]
         counts = [(hi - lo) * inner for lo, hi in lengths]
     typed = run.ctx.MPI._typedict[run.plan.dtype.char]

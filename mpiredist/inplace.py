@@ -48,23 +48,27 @@ def pieces(shape, limit):
 
 def compact(buf, shape, starts, box, itemsize, chunk):
     """Move the ``box`` at ``starts`` of the front block of ``shape`` to the front."""
-    if tuple(box) == tuple(shape) or math.prod(box) == 0:
-        return
-    full = as_array(buf, shape, itemsize)
-    src = full[tuple(slice(s, s + n) for s, n in zip(starts, box))]
-    dst = as_array(buf, box, itemsize)
-    for index in pieces(tuple(box), chunk // itemsize):
-        dst[index] = src[index]
+    _move(buf, shape, starts, box, itemsize, chunk, to_front=True)
 
 
 def expand(buf, box, starts, shape, itemsize, chunk):
     """Move the front block of ``box`` to position ``starts`` of a block of ``shape``."""
+    _move(buf, shape, starts, box, itemsize, chunk, to_front=False)
+
+
+def _move(buf, shape, starts, box, itemsize, chunk, to_front):
+    """Copy between the box of the front ``shape`` block and a front ``box`` block.
+
+    Toward the front every element moves down, so pieces go in C order;
+    away from it every element moves up, so they go in reverse.
+    """
     if tuple(box) == tuple(shape) or math.prod(box) == 0:
         return
-    full = as_array(buf, shape, itemsize)
-    dst = full[tuple(slice(s, s + n) for s, n in zip(starts, box))]
-    src = as_array(buf, box, itemsize)
-    for index in reversed(list(pieces(tuple(box), chunk // itemsize))):
+    inner = as_array(buf, shape, itemsize)[tuple(slice(s, s + n) for s, n in zip(starts, box))]
+    front = as_array(buf, box, itemsize)
+    src, dst = (inner, front) if to_front else (front, inner)
+    order = list(pieces(tuple(box), chunk // itemsize))
+    for index in (order if to_front else reversed(order)):
         dst[index] = src[index]
 
 

@@ -13,15 +13,14 @@ so all ranks make the same one.
 import math
 
 from .backend import synchronize
+from .blocks import divides_evenly
 
 __all__ = ["even_pieces", "alltoall", "alltoallv_packed"]
 
 
 def even_pieces(plan, step):
     """True if every member's piece has the same shape (decided from the plan)."""
-    shape = plan.global_shape
-    return all(shape[d] % lay.counts()[d] == 0 for d in step.dims
-               for lay in (step.before, step.after))
+    return divides_evenly(plan.global_shape, (step.before, step.after), step.dims)
 
 
 def _alltoall_slabs(ctx, comm, region, out, i, j):

@@ -23,7 +23,7 @@ from functools import lru_cache
 import numpy as np
 
 from . import normal_form as nf
-from .blocks import group_size, local_shape
+from .blocks import divides_evenly, local_shape
 from .costs import (collective_bytes, exchange_bytes, group_sends, lower_bound_bytes,
                     missing_elements)
 from .errors import PlanError, ShapeError
@@ -295,14 +295,9 @@ def _move_elems(shape, before, move, mesh_axes):
         return operand if before != after else 0
     if op == "exchange":
         return exchange_bytes(shape, 1, before, after, mesh_axes)[0]
-    if op in ("all_to_all", "reduce_scatter") and not _even(shape, before, after):
+    if op in ("all_to_all", "reduce_scatter") and not divides_evenly(shape, (before, after)):
         return group_sends(shape, 1, op, before, after, mesh_axes)
     return collective_bytes(op, operand, axes)
-
-
-def _even(shape, *layouts):
-    """True if every dim divides evenly in every layout (all shards equal)."""
-    return all(n % group_size(d) == 0 for lay in layouts for n, d in zip(shape, lay.dims))
 
 
 def assemble(shape, dtype, mesh, src, dst, strategy, moves, note=""):

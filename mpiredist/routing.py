@@ -22,7 +22,7 @@ from .blocks import block_index, group_size, interval, overlap, rank_block
 from .subaxes import sub_axes
 
 __all__ = ["all_sub_axes", "digits_to_rank", "member_ranks", "permute_source",
-           "permute_dest", "exchange_recvs", "exchange_sends"]
+           "permute_dest", "exchange_recvs", "exchange_sends", "member_digits"]
 
 
 def all_sub_axes(mesh):
@@ -35,6 +35,13 @@ def digits_to_rank(mesh, digits):
     subs = sub_axes(mesh.axes)
     coords = [sum(digits[s] * s.stride for s in subs[name]) for name in mesh.names]
     return mesh.rank(coords)
+
+
+def member_digits(digits, group, m):
+    """Digits of member ``m`` (mixed-radix index over ``group``) of the group of ``digits``."""
+    d = dict(digits)
+    _unflatten(d, group, m)
+    return d
 
 
 def member_ranks(mesh, digits, group):

@@ -13,16 +13,7 @@ import hashlib
 
 from .errors import MismatchError, RemoteError
 
-__all__ = ["check", "raise_together", "fingerprint", "agree_on"]
-
-
-def check(fn, *args, **kwargs):
-    """Call ``fn``; return the ValueError it raises (or None) instead of raising."""
-    try:
-        fn(*args, **kwargs)
-    except ValueError as exc:
-        return exc
-    return None
+__all__ = ["raise_together", "fingerprint", "agree_on"]
 
 
 def raise_together(comm, error, what="mpiredist"):

@@ -1,25 +1,26 @@
 """Run a plan on MPI: one function per step kind, buffers owned in one place.
 
 The local block is tracked as a :class:`Region`: a box of a C-contiguous base
-array.  Slices only shrink the box (no copy).  Communication steps describe
-each peer's piece as an MPI subarray datatype of the base, so data goes from
-the input box straight into its final place in a newly allocated output: no
-pack or unpack buffers (the approach of mpi4py-fft's ``Transfer``), except a
-reduce-scatter whose scatter dim is not the outermost one.
+array.  Slices only shrink the box (no copy).  Each communicating step
+allocates its output and moves data from the input box into its final place
+there.  MPICH moves derived datatypes several times slower than contiguous
+bytes, so contiguous blocks and pieces go as plain bytes at an offset, and
+strided pieces are packed by numpy within the memory budget
+(:mod:`mpiredist.packing`).
 
 Step -> MPI call:
 
 ============== =====================================================
 slice          none (the box shrinks)
-all_gather     Allgatherv of bytes when the result is a concatenation
-               in memory, else Alltoallw with subarray types
-all_to_all     Alltoall when pieces are equal (:mod:`mpiredist.packing`),
-               else Alltoallw with subarray types on the group
+all_gather     Allgather (Allgatherv if blocks differ) of bytes when
+               the result is a concatenation in memory, else
+               :func:`mpiredist.packing.move` on the group
+all_to_all     :func:`mpiredist.packing.move` on the group: rounds of
+               Isend/Irecv of contiguous or packed parts
 reduce_scatter Reduce_scatter (typed), after packing if needed
 all_reduce     Allreduce (typed)
-permute        Sendrecv with a subarray type (no call if it stays)
-exchange       packed Alltoallv within the memory budget, else
-               Alltoallw with subarray types on the mesh
+permute        Sendrecv of the whole block (no call if it stays)
+exchange       :func:`mpiredist.packing.move` on the mesh
 ============== =====================================================
 
 Every peer's piece is ``before(sender) & after(receiver)``: for all-gather
@@ -37,7 +38,7 @@ from .backend import array_module, synchronize
 from .blocks import overlap, rank_block
 from .comm import mpi
 from .budget import assess
-from .packing import alltoall, alltoallv_packed, even_pieces
+from .packing import exchange_peers, group_sides, move
 from .errors import CommunicationError
 from .routing import (exchange_recvs, exchange_sends, member_digits, permute_dest,
                       permute_source)
@@ -90,6 +91,7 @@ class _Context:
         self.types = []
         self.reserved = None    # callable shape -> array for the next output
         self.slack = 0          # bytes the budget leaves for pack buffers
+        self.sliced = False     # the block is a slice of a larger one (from the plan)
 
     def subarray(self, region, box=None):
         """``(count, datatype)`` for ``box`` (global coords) inside ``region``."""
@@ -162,12 +164,13 @@ def execute(plan, local, mc, records=None, slack=None):
     if slack is None:
         fits = assess(plan)
         slack = fits.limit - fits.out_of_place_peak
-    ctx.slack = max(0, slack) // 2     # half: room for what is allocated around the packing
+    ctx.slack = max(0, slack - _MARGIN)
     try:
         for step in plan.steps:
             t0 = time.perf_counter()
             try:
                 region, sent = _RUN[step.op](ctx, step, region)
+                ctx.sliced = step.op == "slice"
             except ctx.MPI.Exception as exc:
                 raise CommunicationError(f"MPI failed in step {step}: {exc}") from exc
             finally:
@@ -179,6 +182,9 @@ def execute(plan, local, mc, records=None, slack=None):
     if region.whole and region.base is not local:
         return region.base
     return region.view().copy()     # never hand back a view of the caller's buffer
+
+
+_MARGIN = 64 << 10      # bytes of the budget left for bookkeeping (lists, datatypes)
 
 
 def _c_contiguous(a):
@@ -220,15 +226,6 @@ def _slice(ctx, step, region):
     return region.sub(starts, shape), 0
 
 
-def _alltoallw(ctx, comm, region, out, pieces_out, pieces_in):
-    """Alltoallw on ``comm``; pieces are ``{peer: (rel box in region / out)}``."""
-    n, none = comm.Get_size(), (0, 0, ctx.elem)
-    send = [ctx.piece(region, pieces_out[p]) if p in pieces_out else none for p in range(n)]
-    recv = [ctx.piece(out, pieces_in[p]) if p in pieces_in else none for p in range(n)]
-    synchronize(region.base)
-    comm.Alltoallw([region.base, *map(list, zip(*send))], [out.base, *map(list, zip(*recv))])
-
-
 def _contiguous_box(full, starts, shape):
     """True if the box is one run in C order: after its first dim longer
     than 1, every dim spans the whole array."""
@@ -256,10 +253,9 @@ def _group_move(ctx, step, region):
             pieces_in[m] = _rel(box, mine_a)
     if step.op == "all_gather" and _gather_is_concat(ctx, step, region, out):
         _allgatherv(ctx, comm, region, out, step)
-    elif step.op == "all_to_all" and even_pieces(ctx.plan, step):
-        alltoall(ctx, comm, region, out, step)
     else:
-        _alltoallw(ctx, comm, region, out, pieces_out, pieces_in)
+        move(ctx, comm, region, out, pieces_out, pieces_in, comm.Get_size() - 1,
+             group_sides(step, not ctx.sliced))
     return out, sent * ctx.itemsize
 
 
@@ -372,10 +368,7 @@ def _exchange(ctx, step, region):
             pieces_out[r] = _rel(box, mine_b)
         pieces_in[r] = _rel(box, mine_a)
     sent = sum(math.prod(s) for r, (_, s) in pieces_out.items() if r != mc.rank)
-    if 2 * step.bytes_sent_per_rank <= ctx.slack:    # the same choice on every rank
-        alltoallv_packed(ctx, mc.comm, region, out, pieces_out, pieces_in)
-    else:
-        _alltoallw(ctx, mc.comm, region, out, pieces_out, pieces_in)
+    move(ctx, mc.comm, region, out, pieces_out, pieces_in, exchange_peers(plan, step))
     return out, sent * ctx.itemsize
 
 

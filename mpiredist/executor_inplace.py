@@ -83,6 +83,7 @@ class _Run:
         for step in self.plan.steps:
             if step.op == "slice":
                 region, _ = executor._slice(self.ctx, step, region)
+                self.ctx.sliced = True
                 self.filled.append(StepRecord(step.op, 0, 0.0))
                 continue
             if _reads_caller(step, region):
@@ -94,6 +95,7 @@ class _Run:
                     self.ctx.free_types()
                 self.filled.append(StepRecord(step.op, int(sent), 0.0))
             break
+        self.ctx.sliced = False
         self.shape = region.shape
         if region.base is not None and not _aliases(region.base, self.buf):
             np.copyto(self.typed(self.shape), region.view())

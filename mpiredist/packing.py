@@ -1,136 +1,212 @@
-"""Fast paths for regular moves, used by :mod:`mpiredist.executor`.
+"""Moving pieces between ranks as contiguous bytes, in rounds within the budget.
 
-MPICH moves derived datatypes several times slower than contiguous bytes
-(0.5 MiB all-to-all at 8 ranks: 9 ms with a strided datatype, 2.3 ms packed
-by numpy, 2.2 ms for a plain Alltoall of contiguous data).  Where every
-piece has the same shape, an all-to-all is one ``Alltoall``; where the
-memory budget leaves room (``ctx.slack`` bytes), the send side is packed by
-numpy, in rounds if need be, and an exchange becomes a packed
-``Alltoallv``.  Every choice here depends only on the plan and the budget,
-so all ranks make the same one.
+MPICH moves derived datatypes several times slower than the same bytes in a
+contiguous buffer (measured at 8 ranks, 8 MiB blocks, c13: Alltoallw with
+subarray types 170 ms, this module 19 ms, a bare Alltoall 10 ms).  So
+:func:`move` sends every piece that is one contiguous run of its array
+straight from it, packs the others with numpy into one buffer of at most
+``ctx.slack`` bytes (what the memory budget leaves, see
+:mod:`mpiredist.budget`), and cuts pieces into parts (:func:`parts`) so that
+a round of parts fits that buffer.  The executor uses it for every
+all-to-all, for all-gathers whose blocks do not lie one after another in
+the output, and for exchanges.
+
+Every choice that both ends of a message must agree on (the part size)
+depends only on the plan and the budget; what only one end sees (whether a
+part is contiguous, whether it fits the buffer) is decided locally, and a
+part that does not fit the buffer goes as a subarray datatype.
 """
 
 import math
 
 from .backend import synchronize
-from .blocks import divides_evenly
 
-__all__ = ["even_pieces", "alltoall", "alltoallv_packed"]
-
-
-def even_pieces(plan, step):
-    """True if every member's piece has the same shape (decided from the plan)."""
-    return divides_evenly(plan.global_shape, (step.before, step.after), step.dims)
+__all__ = ["move", "parts", "part_limit", "group_sides", "exchange_peers", "MIN_PART"]
 
 
-def _alltoall_slabs(ctx, comm, region, out, i, j):
-    """Even all-to-all in rounds of whole rows of dim ``i``, packed within the slack.
+MIN_PART = 4096     # bytes: smaller parts cost more in latency than packing saves
+_TAG = 0x6d72       # "mr": one tag for every part; order within a pair is MPI's
 
-    Each round packs rows ``[r0, r1)`` of every piece with numpy into one
-    contiguous buffer and receives them straight into ``out``, whose pieces
-    are contiguous (all dims before ``i`` have length 1).  Returns False if
-    not even one row fits in the slack.
+
+def parts(shape, limit):
+    """Split a box of ``shape`` into boxes of at most ``limit`` elements.
+
+    Returns ``(starts, shape)`` boxes in C order.  Cuts go across the
+    outermost dim longer than one, so a box that is contiguous in memory
+    stays contiguous in every part.  The split depends only on ``shape``
+    and ``limit``: sender and receiver of a piece compute the same one.
     """
-    g, view = comm.Get_size(), region.view()
-    rows = view.shape[i]
-    row = math.prod(view.shape[i + 1:])            # elements per row of dim i (all pieces)
-    per_round = ctx.slack // max(1, row * ctx.itemsize)
-    if per_round < 1 or rows == 0:
-        return False
-    flat = out.base.reshape(-1)
-    piece_row = row // g                           # elements per row of one piece
-    per_round = min(per_round, rows)
-    buffer = ctx.xp.empty(per_round * row, dtype=ctx.plan.dtype)   # one pack buffer, reused
-    for r0 in range(0, rows, per_round):
-        r1 = min(rows, r0 + per_round)
-        n = (r1 - r0) * piece_row
-        slab = view[(0,) * i + (slice(r0, r1),)].reshape(r1 - r0, -1, g, piece_row //
-                                                         math.prod(view.shape[i + 1:j]))
-        packed = buffer[:g * n].reshape((g,) + slab.shape[:2] + slab.shape[3:])
-        packed[...] = slab.transpose(2, 0, 1, 3)
-        t = ctx.MPI.BYTE.Create_contiguous(n * ctx.itemsize)
-        ctx.types.append(t)
-        rt = t.Create_resized(0, rows * piece_row * ctx.itemsize).Commit()
-        ctx.types.append(rt)
+    ndim = len(shape)
+    if math.prod(shape) <= limit or not ndim:
+        return [((0,) * ndim, tuple(shape))]
+    d = next(k for k, n in enumerate(shape) if n > 1)
+    inner = math.prod(shape[d + 1:])
+    out = []
+    if inner <= limit:
+        rows = limit // inner
+        for lo in range(0, shape[d], rows):
+            starts = (0,) * ndim
+            box = shape[:d] + (min(rows, shape[d] - lo),) + shape[d + 1:]
+            out.append((starts[:d] + (lo,) + starts[d + 1:], box))
+        return out
+    below = shape[:d] + (1,) + shape[d + 1:]
+    for lo in range(shape[d]):
+        for starts, box in parts(below, limit):
+            out.append((starts[:d] + (lo,) + starts[d + 1:], box))
+    return out
+
+
+def part_limit(ctx, peers, sides):
+    """Elements per part: a round's packed parts (``sides`` of 0, 1 or 2:
+    how many of send and receive need packing) fill the slack.
+
+    No limit (one round, unpacked parts as datatypes) when nothing needs
+    packing or when the slack cannot hold parts of ``MIN_PART`` bytes: a
+    round costs a latency, a datatype only bandwidth.  Depends only on the
+    plan and the budget, so every rank computes the same.
+    """
+    share = ctx.slack // (sides * max(1, peers)) if sides else 0
+    if share < MIN_PART:
+        return math.inf
+    return share // ctx.itemsize
+
+
+def group_sides(step, whole):
+    """How many sides of a group move pack: 0, 1 or 2 (from the plan alone).
+
+    A send piece is contiguous when the source block is ``whole`` (not a
+    slice of a larger one) and every dim before the split one has length at
+    most 1; a received piece likewise in the output, before the gathered dim.
+    The plan's local shapes are the largest over ranks, so on a rank where
+    the guess is wrong a piece is only more contiguous than assumed.
+    """
+    i, j = (step.dims[0], step.dims[0]) if step.op == "all_gather" else step.dims
+    send = step.op == "all_to_all" and any(n > 1 for n in step.local_shape_before[:j])
+    recv = any(n > 1 for n in step.local_shape_after[:i])
+    return int(send or not whole) + int(recv)
+
+
+def move(ctx, comm, region, out, pieces_out, pieces_in, peers, sides=2):
+    """Send ``pieces_out[p]`` (boxes relative to ``region``) to every peer p and
+    receive ``pieces_in[p]`` into ``out``; this rank's own piece is copied.
+
+    Each piece goes in parts of :func:`part_limit` elements, one part per
+    round of non-blocking sends and receives (round r carries part r of
+    every piece, so rounds cannot deadlock).  A part that is one contiguous
+    run of its array is sent from or received into it directly; any other
+    is packed into, or unpacked from, one buffer of at most ``ctx.slack``
+    bytes; a part that does not fit goes as a subarray datatype.
+    """
+    me = comm.Get_rank()
+    if me in pieces_out and me in pieces_in:
+        out.view()[_index(pieces_in[me])] = region.view()[_index(pieces_out[me])]
+    limit = part_limit(ctx, peers, sides)
+    n = comm.Get_size()
+    order = [(me + k) % n for k in range(1, n)]          # spread the load over peers
+    sends = [(p, pieces_out[p], parts(pieces_out[p][1], limit)) for p in order
+             if p in pieces_out and math.prod(pieces_out[p][1])]
+    recvs = [(p, pieces_in[p], parts(pieces_in[p][1], limit)) for p in reversed(order)
+             if p in pieces_in and math.prod(pieces_in[p][1])]
+    rounds = max((len(ps) for _, _, ps in sends + recvs), default=0)
+    first = sum(math.prod(ps[0][1]) for _, _, ps in sends + recvs)   # the largest round
+    staging = _Staging(ctx, min(first, ctx.slack // ctx.itemsize))
+    for r in range(rounds):
+        staging.reset()
+        requests, unpack = [], []
+        for p, piece, ps in recvs:
+            if r < len(ps):
+                spec, later = staging.recv_spec(out, _shift(piece, ps[r]))
+                requests.append(comm.Irecv(spec, p, _TAG))
+                if later is not None:
+                    unpack.append(later)
+        synchronize(region.base)
+        for p, piece, ps in sends:
+            if r < len(ps):
+                requests.append(comm.Isend(staging.send_spec(region, _shift(piece, ps[r])),
+                                           p, _TAG))
+        ctx.MPI.Request.Waitall(requests)
+        for view, packed in unpack:
+            view[...] = packed
+        if unpack:
+            synchronize(out.base)       # a GPU unpack must end before the buffer is reused
+
+
+def _index(box):
+    return tuple(slice(s, s + k) for s, k in zip(*box))
+
+
+def _shift(piece, part):
+    """The part's box relative to the piece's array."""
+    return tuple(a + b for a, b in zip(piece[0], part[0])), part[1]
+
+
+class _Staging:
+    """Where a round's parts go: straight in memory, packed, or a datatype."""
+
+    def __init__(self, ctx, room):
+        self.ctx = ctx
+        self.room = room            # elements of pack buffer, allocated on first use
+        self.buffer = None
+        self.used = 0
+
+    def reset(self):
+        self.used = 0
+
+    def _take(self, count):
+        """``count`` elements of the pack buffer, or None if they do not fit."""
+        if self.used + count > self.room:
+            return None
+        if self.buffer is None:
+            self.buffer = self.ctx.xp.empty(self.room, dtype=self.ctx.plan.dtype)
+        view = self.buffer[self.used:self.used + count]
+        self.used += count
+        return view
+
+    def _direct(self, region, box):
+        count, offset, t = self.ctx.piece(region, box)
+        if t is self.ctx.MPI.BYTE:
+            return [region.base, (count, offset), t]
+        return None
+
+    def send_spec(self, region, box):
+        spec = self._direct(region, box)
+        if spec is not None:
+            return spec
+        packed = self._take(math.prod(box[1]))
+        if packed is None:
+            count, t = self.ctx.subarray(region, box)
+            return [region.base, count, t]
+        packed.reshape(box[1])[...] = region.view()[_index(box)]
         synchronize(packed)
-        comm.Alltoall([packed, n * ctx.itemsize, ctx.MPI.BYTE], [flat[r0 * piece_row:], 1, rt])
-    return True
+        return [packed, packed.size * self.ctx.itemsize, self.ctx.MPI.BYTE]
+
+    def recv_spec(self, out, box):
+        """``(spec, (target view, packed) or None)``."""
+        spec = self._direct(out, box)
+        if spec is not None:
+            return spec, None
+        packed = self._take(math.prod(box[1]))
+        if packed is None:
+            count, t = self.ctx.subarray(out, box)
+            return [out.base, count, t], None
+        spec = [packed, packed.size * self.ctx.itemsize, self.ctx.MPI.BYTE]
+        return spec, (out.view()[_index(box)], packed.reshape(box[1]))
 
 
-def _strided_piece(ctx, region, shape, dim, count):
-    """Piece 0 of ``region`` (``shape``), resized so piece m is ``m`` extents on.
+def exchange_peers(plan, step):
+    """An upper bound on the peers of any rank in an exchange step.
 
-    Pieces follow each other along ``dim`` every ``shape[dim]`` indices, so
-    one datatype serves all peers of an ``Alltoall``.
+    Along each dim a block of one layout meets at most ``ceil(c / c') + 1``
+    blocks of the other (``c``, ``c'`` their chunk lengths); the bound is
+    the product over dims, for sends and receives alike.
     """
-    base = region.base
-    t = ctx.elem.Create_subarray(list(base.shape), list(shape), list(region.starts))
-    ctx.types.append(t)
-    stride = math.prod(base.shape[dim + 1:]) * ctx.itemsize
-    r = t.Create_resized(0, shape[dim] * stride).Commit()
-    ctx.types.append(r)
-    return [base, count, r]
-
-
-def alltoall(ctx, comm, region, out, step):
-    """Even all-to-all: one Alltoall, each piece described by one strided datatype.
-
-    MPICH moves derived datatypes several times slower than contiguous
-    bytes (measured: 9 ms against 2.3 ms for 0.5 MiB at 8 ranks), so when
-    the memory budget has room for it, the send side is packed by numpy
-    into one contiguous buffer first.
-    """
-    i, j = step.dims
-    g = comm.Get_size()
-    piece, recv_piece = list(region.shape), list(out.shape)
-    piece[j] //= g
-    recv_piece[i] //= g
-    if not math.prod(piece) or not math.prod(recv_piece):
-        return
-    if i < j and all(n == 1 for n in out.shape[:i]) and _alltoall_slabs(
-            ctx, comm, region, out, i, j):
-        return
-    send = _strided_piece(ctx, region, piece, j, 1)
-    if math.prod(region.shape) * ctx.itemsize <= ctx.slack:
-        view = region.view()
-        lead = math.prod(view.shape[:j])
-        packed = ctx.xp.empty((g,) + tuple(piece), dtype=ctx.plan.dtype)
-        packed.reshape(g, lead, -1)[...] = view.reshape(lead, g, -1).transpose(1, 0, 2)
-        send = [packed, packed.size * ctx.itemsize // g, ctx.MPI.BYTE]
-    recv = _strided_piece(ctx, out, recv_piece, i, 1)
-    if all(n == 1 for n in out.shape[:i]):
-        recv = [out.base, math.prod(recv_piece) * ctx.itemsize, ctx.MPI.BYTE]
-    synchronize(region.base)
-    comm.Alltoall(send, recv)
-
-
-def alltoallv_packed(ctx, comm, region, out, pieces_out, pieces_in):
-    """Alltoallv of contiguous bytes: numpy packs and unpacks (see :func:`alltoall`)."""
-    n, me = comm.Get_size(), comm.Get_rank()
-    src, dst = region.view(), out.view()
-    index = {p: tuple(slice(s, s + k) for s, k in zip(*box)) for p, box in pieces_in.items()}
-    if me in pieces_out:                    # this rank's own piece: a local copy
-        dst[index[me]] = src[tuple(slice(s, s + k) for s, k in zip(*pieces_out[me]))]
-    send_counts = [math.prod(pieces_out[p][1]) if p in pieces_out and p != me else 0
-                   for p in range(n)]
-    recv_counts = [math.prod(pieces_in[p][1]) if p in pieces_in and p != me else 0
-                   for p in range(n)]
-    send = ctx.xp.empty(sum(send_counts), dtype=ctx.plan.dtype)
-    offset = 0
-    for p, count in enumerate(send_counts):
-        if count:
-            starts, shape = pieces_out[p]
-            send[offset:offset + count].reshape(shape)[...] = src[
-                tuple(slice(s, s + k) for s, k in zip(starts, shape))]
-            offset += count
-    recv = ctx.xp.empty(sum(recv_counts), dtype=ctx.plan.dtype)
-    b, B = ctx.itemsize, ctx.MPI.BYTE
-    displs = lambda counts: [sum(counts[:p]) * b for p in range(n)]  # noqa: E731
-    synchronize(send)
-    comm.Alltoallv([send, [c * b for c in send_counts], displs(send_counts), B],
-                   [recv, [c * b for c in recv_counts], displs(recv_counts), B])
-    offset = 0
-    for p, count in enumerate(recv_counts):
-        if count:
-            dst[index[p]] = recv[offset:offset + count].reshape(pieces_in[p][1])
-            offset += count
+    def meets(n, k_from, k_to):
+        if n == 0:
+            return 1
+        c_from, c_to = -(-n // k_from), -(-n // k_to)
+        return min(k_to, -(-c_from // c_to) + 1)
+    before, after = step.before.counts(), step.after.counts()
+    shape = plan.global_shape
+    out = math.prod(meets(n, a, b) for n, a, b in zip(shape, before, after))
+    back = math.prod(meets(n, b, a) for n, a, b in zip(shape, before, after))
+    return max(out, back)

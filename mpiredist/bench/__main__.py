@@ -36,7 +36,7 @@ strategies:
   xla          XLA's SPMD partitioner's own sequence (bench/xla.py) run on
                mpiredist's executor; shared cases on their own mesh only
   replicate    all-gather every sharded dim, then slice
-  direct       one Alltoallw exchange of exactly the missing bytes
+  direct       one exchange step of exactly the missing bytes
   raw          the limit: one bare MPI collective sending as many bytes per
                rank as the collectives plan, on preallocated contiguous
                buffers, no planning, no packing.  Chosen from the plan's

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 MIB = 1 << 20
 
 __all__ = ["default_workspace", "Budget", "assess", "inplace_reason", "frame_shape",
-           "buffer_bytes", "out_of_place_peak"]
+           "buffer_bytes", "out_of_place_peak", "Choice", "choose"]
 
 
 def default_workspace(plan):
@@ -113,3 +113,38 @@ def assess(plan, donate=False, workspace=None):
     extra = max((_bytes(plan.steps[i].local_shape_after, plan.dtype.itemsize)
                  for i, _ in blocked), default=0)
     return Budget(w, limit, grow + min(w, buffer) + extra, out_of_place_peak(plan), blocked)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How :func:`mpiredist.redistribute` runs a plan, decided before it runs.
+
+    ``inplace`` False: the out-of-place executor, with ``slack`` bytes of
+    pack buffer; True: the in-place executor, with workspace ``budget.workspace``.
+    """
+
+    plan: object
+    inplace: bool
+    slack: int
+    budget: Budget
+
+    @property
+    def executor(self):
+        return "in place" if self.inplace else "out of place"
+
+
+def choose(plan, donate=False, workspace=None, gpu=False, without_exchange=None):
+    """The executor that keeps the contract: out of place if its peak fits
+    (it is the faster one), else in one buffer.
+
+    ``without_exchange``, if given, returns the plan to run in place instead
+    (the planner's plan without exchange steps, which cannot run in place).
+    GPU arrays always run out of place (no in-place executor for them yet).
+    """
+    fits = assess(plan, donate, workspace)
+    if gpu or (not donate and fits.out_of_place_peak <= fits.limit):
+        return Choice(plan, False, max(0, fits.limit - fits.out_of_place_peak), fits)
+    if without_exchange is not None:
+        plan = without_exchange()
+        fits = assess(plan, donate, workspace)
+    return Choice(plan, True, 0, fits)

@@ -15,7 +15,7 @@ from .blocks import rank_block
 from .comm import check_size, mesh_comm, mpi
 from .errors import BudgetWarning, ShapeError
 from .backend import is_gpu
-from .budget import assess
+from .budget import choose
 from .executor import execute
 from .executor_inplace import execute_inplace
 from .layout import Layout
@@ -278,16 +278,16 @@ def redistribute(local, global_shape, mesh, src, dst, donate=False,
 
     mesh, (plan, shape, src, dst) = _collective_check("redistribute", mesh, body)
     mc = mesh_comm(mesh)
-    fits = assess(plan, donate, workspace_bytes)
-    if is_gpu(local) or (not donate and fits.out_of_place_peak <= fits.limit):
-        return execute(plan, local, mc, records, fits.limit - fits.out_of_place_peak)
-    if strategy == "collectives":
-        plan = planner.plan(shape, local.dtype, mesh, src, dst, strategy,
-                            allow_exchange=False)
-        fits = assess(plan, donate, workspace_bytes)
+    choice = choose(plan, donate, workspace_bytes, is_gpu(local),
+                    (lambda: planner.plan(shape, local.dtype, mesh, src, dst, strategy,
+                                          allow_exchange=False))
+                    if strategy == "collectives" else None)
+    if not choice.inplace:
+        return execute(plan, local, mc, records, choice.slack)
+    fits = choice.budget
     if fits.inplace_peak > fits.limit:
         warnings.warn(BudgetWarning(f"redistribute {src} -> {dst}: {fits}"), stacklevel=2)
-    return execute_inplace(plan, local, mc, donate, fits.workspace, records)
+    return execute_inplace(choice.plan, local, mc, donate, fits.workspace, records)
 
 
 

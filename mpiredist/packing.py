@@ -196,17 +196,23 @@ class _Staging:
 def exchange_peers(plan, step):
     """An upper bound on the peers of any rank in an exchange step.
 
-    Along each dim a block of one layout meets at most ``ceil(c / c') + 1``
-    blocks of the other (``c``, ``c'`` their chunk lengths); the bound is
-    the product over dims, for sends and receives alike.
+    Along each dim, the most blocks of one layout that a block of the other
+    meets (counted over the blocks, so exact for one dim); the bound is the
+    product over dims, for sends and receives alike.
     """
-    def meets(n, k_from, k_to):
-        if n == 0:
-            return 1
-        c_from, c_to = -(-n // k_from), -(-n // k_to)
-        return min(k_to, -(-c_from // c_to) + 1)
     before, after = step.before.counts(), step.after.counts()
     shape = plan.global_shape
-    out = math.prod(meets(n, a, b) for n, a, b in zip(shape, before, after))
-    back = math.prod(meets(n, b, a) for n, a, b in zip(shape, before, after))
+    out = math.prod(_most_met(n, a, b) for n, a, b in zip(shape, before, after))
+    back = math.prod(_most_met(n, b, a) for n, a, b in zip(shape, before, after))
     return max(out, back)
+
+
+def _most_met(n, k_from, k_to):
+    """The most of ``k_to`` chunks of ``n`` that one of ``k_from`` chunks meets."""
+    c_from, c_to = -(-n // k_from), -(-n // k_to)
+    most = 1
+    for p in range(k_from):
+        lo, hi = min(n, p * c_from), min(n, (p + 1) * c_from)
+        if hi > lo:
+            most = max(most, -(-hi // c_to) - lo // c_to)
+    return most

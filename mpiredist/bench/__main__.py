@@ -26,17 +26,21 @@ Run every redistribution strategy side by side on the same data, on the
 ranks of MPI_COMM_WORLD, and compare time, bytes and measured memory.
 
 strategies:
-  collectives  the paper's normal form (mpiredist's default), out of place
-               (mpiredist.executor: a new array per communicating step)
+  collectives  the paper's normal form (mpiredist's default), run as
+               redistribute runs it (not donated): out of place
+               (mpiredist.executor) when that fits the memory contract, else
+               the plan without exchange steps in one buffer; the table's
+               "exec" column says which
   inplace      the collectives plan without exchange steps (allow_exchange=
                False, as redistribute plans it for the in-place path) run by
                mpiredist.executor_inplace in one buffer, W = default workspace
   donated      the same, given a fresh copy of the source block (made before
                the timed region) that it resizes with realloc (donate=True)
   xla          XLA's SPMD partitioner's own sequence (bench/xla.py) run on
-               mpiredist's executor; shared cases on their own mesh only
-  replicate    all-gather every sharded dim, then slice
-  direct       one exchange step of exactly the missing bytes
+               mpiredist's runtime exactly as collectives is (same choice of
+               executor); shared cases on their own mesh only
+  replicate    all-gather every sharded dim, then slice (out of place)
+  direct       one exchange step of exactly the missing bytes (out of place)
   raw          the limit: one bare MPI collective sending as many bytes per
                rank as the collectives plan, on preallocated contiguous
                buffers, no planning, no packing.  Chosen from the plan's

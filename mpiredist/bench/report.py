@@ -200,15 +200,19 @@ def _yes(flag):
     return "-" if flag is None else "yes" if flag else "NO"
 
 
+_EXEC = {"out of place": "out", "in place": "in", "raw MPI": "raw"}
+
+
 def format_table(records):
     """A fixed-width table, one line per case and strategy (times in ms)."""
-    head = ("case", "mesh", "strategy", "median ms", "min ms", "max ms", "GB/s",
+    head = ("case", "mesh", "strategy", "exec", "median ms", "min ms", "max ms", "GB/s",
             "sent MiB", "plan MiB", "bound MiB", "E/max", "lim/max", "E<=lim", "ok",
             "x raw", "x xla", "x coll")
     rows = [head]
     for r in records:
         mesh = r["mesh"] + ("*" if r.get("mapped") else "")
         rows.append((r.get("label", r["case"]), mesh, r["strategy"],
+                     _EXEC.get(r.get("executor"), "-"),
                      _num(r["median_s"] * 1e3, ".3f"), _num(r["min_s"] * 1e3, ".3f"),
                      _num(r["max_s"] * 1e3, ".3f"), _num(r["gbps"], ".2f"),
                      _num(r["bytes_sent_per_rank"] / 2**20, ".2f"),
@@ -219,7 +223,7 @@ def format_table(records):
                      _num(r.get("ratio_vs_raw"), ".2f"), _num(r.get("ratio_vs_xla"), ".2f"),
                      _num(r.get("ratio_vs_collectives"), ".2f")))
     widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
-    left = 3                                      # case, mesh, strategy: left-aligned
+    left = 4                                # case, mesh, strategy, exec: left-aligned
     lines = ["  ".join(v.ljust(w) if c < left else v.rjust(w)
                        for c, (v, w) in enumerate(zip(row, widths))).rstrip()
              for row in rows]

@@ -372,23 +372,39 @@ def _limit(name, s, t, workspace):
 
 
 def _runner(name, plan, src, mc, raw):
-    """``(prepare, call)``: ``call(prepare(), records)`` runs strategy ``name`` once.
+    """``(prepare, call, plan run, executor)`` for strategy ``name``.
 
-    ``prepare`` (not timed) returns the block the call gets: ``src`` itself,
-    or for ``donated`` a fresh copy that the call may resize and overwrite.
+    ``call(prepare(), records)`` runs it once.  ``prepare`` (not timed)
+    returns the block the call gets: ``src`` itself, or for ``donated`` a
+    fresh copy that the call may resize and overwrite.  ``collectives`` and
+    ``xla`` run as :func:`mpiredist.redistribute` would run their plans
+    (:func:`mpiredist.budget.choose`): out of place when that fits the
+    memory contract, else in one buffer (``collectives`` then runs its plan
+    without exchange steps); ``replicate`` and ``direct`` run out of place.
     """
-    from ..budget import default_workspace
+    from ..budget import choose, default_workspace
     from ..executor import execute
     from ..executor_inplace import execute_inplace
 
     if name == "raw":
-        return (lambda: None), (lambda a, records=None: raw.run())
+        return (lambda: None), (lambda a, records=None: raw.run()), None, "raw MPI"
     if name in INPLACE:
         donate, w = name == "donated", default_workspace(plan)
         prepare = (lambda: src.copy(order="C")) if donate else (lambda: src)
-        return prepare, (lambda a, records=None: execute_inplace(plan, a, mc, donate, w,
-                                                                 records))
-    return (lambda: src), (lambda a, records=None: execute(plan, a, mc, records))
+        return prepare, (lambda a, records=None: execute_inplace(
+            plan, a, mc, donate, w, records)), plan, "in place"
+    if name in ("collectives", "xla"):
+        replan = (lambda: planner.plan(plan.global_shape, plan.dtype, plan.mesh, plan.src,
+                                       plan.dst, "collectives", allow_exchange=False))
+        choice = choose(plan, without_exchange=replan if name == "collectives" else None)
+        if choice.inplace:
+            w = choice.budget.workspace
+            return (lambda: src), (lambda a, records=None: execute_inplace(
+                choice.plan, a, mc, False, w, records)), choice.plan, choice.executor
+        return (lambda: src), (lambda a, records=None: execute(
+            plan, a, mc, records, choice.slack)), plan, choice.executor
+    return (lambda: src), (lambda a, records=None: execute(plan, a, mc, records)), plan, \
+        "out of place"
 
 
 def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
@@ -412,11 +428,13 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
         expected = target_block(g, mesh, c.dst, rank)
         del g
         with MeshComm(mesh) as mc:
-            runs, raw = {}, None
+            runs, executors = {}, {}
+            raw = make_raw(plans["collectives"], mc) if "raw" in names else None
             for n in names:
-                if n == "raw":
-                    raw = make_raw(plans["collectives"], mc)
-                runs[n] = _runner(n, plans.get(n), src, mc, raw)
+                prepare, call, ran, executors[n] = _runner(n, plans.get(n), src, mc, raw)
+                runs[n] = prepare, call
+                if ran is not None:
+                    plans[n] = ran
             sent, correct, peak, over, limit = {}, {}, {}, {}, {}
             for n in names:                         # warm-up, checked
                 prepare, call = runs[n]
@@ -462,8 +480,8 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
                      for n in names], dtype=np.int64)
     top = np.empty_like(ints)
     comm.Allreduce(ints.reshape(-1), top.reshape(-1), op=MPI.MAX)
-    return [_record(entry, n, plans, raw, worst[i], top[i], comm.Get_size(), dtype)
-            for i, n in enumerate(names)], skipped
+    return [dict(_record(entry, n, plans, raw, worst[i], top[i], comm.Get_size(), dtype),
+                 executor=executors[n]) for i, n in enumerate(names)], skipped
 
 
 def _tick(progress, entry, name):

@@ -7,10 +7,13 @@ new.  Every step keeps the current block C-contiguous at the front:
 
 ============== ==========================================================
 slice          :func:`~mpiredist.inplace.compact` (chunked, in place)
-all_gather     expand own block to its slot, ``Allgatherv(MPI_IN_PLACE)``
-               with a strided (resized vector) datatype
-all_to_all     ``Alltoall(MPI_IN_PLACE)`` on a strided datatype, then an
-               in-place block transpose (cycle following)
+all_gather     expand own block to its slot, ``Allgather(v)(MPI_IN_PLACE)``
+               (plain bytes when blocks follow each other, else a strided
+               resized vector datatype)
+all_to_all     block transpose that makes each member's piece one slot
+               (before the swap if the split dim is the inner one, after it
+               otherwise), slots swapped pairwise with ``Sendrecv`` in parts
+               through a staging buffer of at most half the workspace
 reduce_scatter block transpose if the dim is not outermost, then
                ``Reduce_scatter(MPI_IN_PLACE)``
 all_reduce     ``Allreduce(MPI_IN_PLACE)``
@@ -19,8 +22,9 @@ exchange       not in place: an extra output buffer (the budget says so)
 ============== ==========================================================
 
 Temporaries are at most half the workspace each.  Memory that MPI allocates
-internally (e.g. MPICH's in-place all-to-all swaps one block at a time) is
-not visible to tracemalloc and not counted here.
+internally (e.g. for ``MPI_IN_PLACE`` reductions) is not visible to
+tracemalloc and not counted here; the all-to-all avoids MPI's in-place
+algorithm (which swaps through hidden buffers) for that reason.
 """
 
 import math
@@ -28,7 +32,7 @@ import time
 
 import numpy as np
 
-from . import executor
+from . import executor, packing
 from .blocks import rank_block
 from .budget import buffer_bytes, frame_shape, inplace_reason
 from .comm import mpi
@@ -56,11 +60,17 @@ class _Run:
         self.chunk = max(self.itemsize, workspace // 2)
         self.shape = tuple(local.shape)
         capacity = buffer_bytes(plan)
-        self.owner = local if donate and can_resize(local) else None
+        resizable = donate and can_resize(local)
+        fresh = resizable and _fresh_fits(plan, capacity, workspace)
+        self.owner = local if resizable and not fresh else None
         self.ctx = executor._Context(plan, mc, np)
         self.ctx.slack = workspace // 2     # pack buffers of the step that fills the buffer
         self.filled = []        # records of the steps run while filling the buffer
-        if self.owner is not None:
+        if fresh:
+            self.buf = np.empty(capacity, dtype=np.uint8)
+            self._fill(local)
+            local.resize(0, refcheck=False)     # donated: give its memory back now
+        elif self.owner is not None:
             elems = -(-capacity // self.itemsize)
             if elems > local.size:
                 local.resize(elems, refcheck=False)
@@ -116,6 +126,19 @@ class _Run:
         buf, self.buf = self.buf, None
         buf.resize(n, refcheck=False)      # realloc: shrinks without a copy
         return buf.view(self.plan.dtype).reshape(self.shape)
+
+
+def _fresh_fits(plan, capacity, workspace):
+    """True if a new buffer keeps a donated call within its limit.
+
+    Growing the donated block with ``ndarray.resize`` zero-fills the growth
+    and may copy the block (measured: 8 -> 64 MiB took 118 ms at 8 ranks,
+    a new 64 MiB buffer filled by the first step 36 ms).  A new buffer of
+    ``capacity`` bytes plus temporaries (at most half the workspace) fits
+    when ``capacity + W/2 <= max(0, T - S) + W``: a gather by a large factor.
+    """
+    limit = max(0, plan.dst_local_bytes - plan.src_local_bytes) + workspace
+    return capacity + workspace // 2 <= limit
 
 
 def _reads_caller(step, region):
@@ -201,6 +224,9 @@ def _all_gather(run, step):
     outer, inner = math.prod(out[:d]), math.prod(out[d + 1:]) * run.itemsize
     if outer * inner:
         t = _strided(run, outer, inner, out[d] * inner, inner)
+        if outer == 1:                  # blocks follow each other: plain bytes (fast in MPICH)
+            t = run.MPI.BYTE
+            lengths, starts = [n * inner for n in lengths], [s * inner for s in starts]
         if len(set(lengths)) == 1 and starts == [m * lengths[0] for m in range(len(lengths))]:
             comm.Allgather(run.MPI.IN_PLACE, [run.buf, lengths[0], t])   # much faster in MPICH
         else:
@@ -228,19 +254,26 @@ def _unpad(run, true_after):
 
 
 def _all_to_all(run, step):
+    """Pieces made contiguous slots, swapped pairwise in place, then placed.
+
+    With ``i < j`` a block transpose first makes each member's piece one slot
+    of ``(A, g, L)`` (``A`` = lengths before ``i``), and the received pieces
+    land already in target order; with ``i > j`` the slots exist as they
+    are and a block transpose after the swap puts the pieces in place.
+    """
     i, j = step.dims
     comm = run.mc.sub(step.axes)
     true_before = _pad(run, step)
     g, shape, size = comm.Get_size(), list(run.shape), run.itemsize
     cj = shape[j] // g
-    p, q = math.prod(shape[:j]), math.prod(shape[j + 1:]) * size
-    if p * q * cj:
-        t = _strided(run, p, cj * q, shape[j] * q, cj * q)
-        comm.Alltoall(run.MPI.IN_PLACE, [run.buf, 1, t])
+    inner = math.prod(shape[j + 1:]) * size
+    if math.prod(shape) and g > 1:
         if i < j:
-            transpose(run.buf, math.prod(shape[:i]), shape[i] * math.prod(shape[i + 1:j]), g,
-                      cj * q, run.chunk)
+            a, rows = math.prod(shape[:i]), shape[i] * math.prod(shape[i + 1:j])
+            transpose(run.buf, a, rows, g, cj * inner, run.chunk)
+            _swap(run, comm, a, rows * cj * inner)
         else:
+            _swap(run, comm, math.prod(shape[:j]), cj * inner)
             transpose(run.buf, math.prod(shape[:j]), g, cj * math.prod(shape[j + 1:i]),
                       shape[i] * math.prod(shape[i + 1:]) * size, run.chunk)
     shape[i], shape[j] = shape[i] * g, cj
@@ -250,6 +283,40 @@ def _all_to_all(run, step):
     kept = math.prod(min(b1, a1) - max(b0, a0) if min(b1, a1) > max(b0, a0) else 0
                      for (b0, b1), (a0, a1) in zip(run.block(step.before), after))
     return (math.prod(true_before) - kept) * size
+
+
+def _swap(run, comm, a, length):
+    """In-place all-to-all of the slots of the front ``(a, g, length)`` bytes.
+
+    Slot ``m`` (``[:, m, :]``) goes to member ``m`` and is replaced by what
+    ``m`` sends.  Pairwise: in round ``k`` this member swaps with
+    ``(k - me) mod g`` (a symmetric pairing, every pair once), in parts that
+    fit the staging buffer; a part is copied out before its place is
+    received into, straight when it is contiguous (``a == 1``).  Unlike
+    ``MPI_IN_PLACE`` collectives, all the memory used is visible and bounded.
+    """
+    g, me = comm.Get_size(), comm.Get_rank()
+    slots = run.buf[:a * g * length].reshape(a, g, length)
+    halves = 1 if a == 1 else 2                     # strided slots also unpack
+    limit = max(1, run.chunk // halves)
+    cut = packing.parts((a, length), limit)
+    stage = np.empty(min(run.chunk, halves * a * length), dtype=np.uint8)
+    B = run.MPI.BYTE
+    for k in range(g):
+        p = (k - me) % g
+        if p == me:
+            continue
+        for (a0, l0), (na, nl) in cut:
+            part = slots[a0:a0 + na, p, l0:l0 + nl]
+            n = na * nl
+            out = stage[:n]
+            out.reshape(na, nl)[...] = part
+            if a == 1:
+                comm.Sendrecv([out, n, B], p, recvbuf=[part, n, B], source=p)
+            else:
+                back = stage[n:2 * n]
+                comm.Sendrecv([out, n, B], p, recvbuf=[back, n, B], source=p)
+                part[...] = back.reshape(na, nl)
 
 
 def _reduce_scatter(run, step):

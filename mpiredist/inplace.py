@@ -92,11 +92,49 @@ def _cycles(rows, cols):
 
 
 def transpose(buf, a, rows, cols, e, chunk):
-    """In place, turn the front ``(a, rows, cols, e)`` bytes into ``(a, cols, rows, e)``."""
+    """In place, turn the front ``(a, rows, cols, e)`` bytes into ``(a, cols, rows, e)``.
+
+    Blocked when a block of rows fits the chunk: each run of ``rb`` rows
+    (``rb`` a divisor of ``rows``) is transposed through a temporary by
+    numpy, then the ``(rows / rb, cols)`` grid of ``rb * e``-byte units by
+    cycle following, so Python touches few, large units.  Otherwise cycle
+    following on ``e``-byte units (:func:`_cycle_transpose`).
+    """
+    if rows <= 1 or cols <= 1 or a * e == 0:
+        return
+    x = buf[:a * rows * cols * e].reshape(a, rows, cols, e)
+    rb = _block_rows(rows, cols * e, chunk)
+    if rb is None:
+        _cycle_transpose(buf, a, rows, cols, e, chunk)
+        return
+    q = rows // rb
+    per = max(1, chunk // (rb * cols * e))          # blocks through the temporary at once
+    tmp = np.empty(min(per, a * q) * rb * cols * e, dtype=np.uint8)
+    blocks = x.reshape(a * q, rb, cols, e)
+    for k in range(0, a * q, per):
+        part = blocks[k:k + per]
+        t = tmp[:part.size].reshape(part.shape[0], cols, rb, e)
+        t[...] = part.transpose(0, 2, 1, 3)
+        part.reshape(-1)[...] = tmp[:part.size]
+    _cycle_transpose(buf, a, q, cols, rb * e, chunk)
+
+
+def _block_rows(rows, row_bytes, chunk):
+    """The largest divisor of ``rows`` whose rows fit ``chunk``, if it is > 1."""
+    best = None
+    for d in range(2, rows + 1):
+        if d * row_bytes > chunk:
+            break
+        if rows % d == 0:
+            best = d
+    return best
+
+
+def _cycle_transpose(buf, a, rows, cols, e, chunk):
+    """Cycle following: one saved unit per cycle, batched over ``a`` and ``e``."""
     if rows <= 1 or cols <= 1 or a * e == 0:
         return
     x = buf[:a * rows * cols * e].reshape(a, rows * cols, e)
-    # Batch over a and e so that each moved piece is at most ``chunk`` bytes.
     e_step = max(1, min(e, chunk))
     a_step = max(1, chunk // e_step)
     for a0 in range(0, a, a_step):

@@ -59,7 +59,9 @@ class _Run:
         self.itemsize = plan.dtype.itemsize
         self.chunk = max(self.itemsize, workspace // 2)
         self.shape = tuple(local.shape)
+        self.offset = 0         # bytes before the block in the buffer (after a slice)
         capacity = buffer_bytes(plan)
+        self.capacity, self.workspace = capacity, workspace
         resizable = donate and can_resize(local)
         fresh = resizable and _fresh_fits(plan, capacity, workspace)
         self.owner = local if resizable and not fresh else None
@@ -71,11 +73,7 @@ class _Run:
             self._fill(local)
             local.resize(0, refcheck=False)     # donated: give its memory back now
         elif self.owner is not None:
-            elems = -(-capacity // self.itemsize)
-            if elems > local.size:
-                local.resize(elems, refcheck=False)
-            else:
-                local.shape = (local.size,)
+            local.shape = (local.size,)         # grown when a step needs it (reserve)
             self.buf = local.view(np.uint8)
         else:
             self.buf = np.empty(capacity, dtype=np.uint8)
@@ -110,6 +108,45 @@ class _Run:
         if region.base is not None and not _aliases(region.base, self.buf):
             np.copyto(self.typed(self.shape), region.view())
 
+    def reserve(self, step):
+        """Grow a donated buffer to the plan's capacity before a step that needs more.
+
+        The donated block is first shrunk to the live data (``realloc``
+        shrinks in place); then, if the contract has room for it, a new
+        buffer takes the live data (one copy of it, no zero fill) and the
+        donated memory is released, else the block grows with
+        ``ndarray.resize`` (which zero-fills the growth).
+        """
+        frame = frame_shape(self.plan, step)
+        need = max(math.prod(step.local_shape_before), math.prod(step.local_shape_after),
+                   math.prod(frame) if frame is not None else 0) * self.itemsize
+        if self.owner is None or need <= self.buf.size:
+            return
+        self.to_front()
+        live = math.prod(self.shape)
+        owner, self.buf = self.owner, None
+        owner.resize(live, refcheck=False)
+        s, t = self.plan.src_local_bytes, self.plan.dst_local_bytes
+        limit = max(0, t - s) + self.workspace
+        # the copy's peak (old live data and new buffer), then the new buffer with
+        # the temporaries of later steps (at most half the workspace)
+        if self.capacity - s + max(live * self.itemsize, self.workspace // 2) <= (
+                limit - executor._MARGIN):
+            self.buf = np.empty(self.capacity, dtype=np.uint8)
+            self.buf[:live * self.itemsize] = owner.view(np.uint8)
+            owner.resize(0, refcheck=False)
+            self.owner = None
+        else:
+            owner.resize(-(-self.capacity // self.itemsize), refcheck=False)
+            self.buf = owner.view(np.uint8)
+
+    def to_front(self):
+        """Move the block to the front of the buffer (in chunks), if it is not there."""
+        if self.offset:
+            n = math.prod(self.shape) * self.itemsize
+            compact(self.buf, (self.offset + n,), (self.offset,), (n,), 1, self.chunk)
+            self.offset = 0
+
     def typed(self, shape):
         n = math.prod(shape) * self.itemsize
         return self.buf[:n].view(self.plan.dtype).reshape(shape)
@@ -118,6 +155,7 @@ class _Run:
         return rank_block(self.plan.global_shape, layout, digits or self.mc.digits)
 
     def result(self):
+        self.to_front()
         n = math.prod(self.shape) * self.itemsize
         if self.owner is not None:
             self.buf = None
@@ -138,7 +176,7 @@ def _fresh_fits(plan, capacity, workspace):
     when ``capacity + W/2 <= max(0, T - S) + W``: a gather by a large factor.
     """
     limit = max(0, plan.dst_local_bytes - plan.src_local_bytes) + workspace
-    return capacity + workspace // 2 <= limit
+    return capacity + workspace // 2 <= limit - executor._MARGIN
 
 
 def _reads_caller(step, region):
@@ -167,6 +205,9 @@ def execute_inplace(plan, local, mc, donate=False, workspace=1 << 20, records=No
         for step in plan.steps[len(run.filled):]:
             t0 = _now()
             try:
+                run.reserve(step)
+                if step.op not in ("slice", "permute"):
+                    run.to_front()
                 if inplace_reason(plan, step) is None:
                     sent = _STEP[step.op](run, step)
                 else:
@@ -201,8 +242,16 @@ def _strided(run, outer, run_bytes, stride_bytes, extent):
 
 
 def _slice(run, step):
+    """Narrow the block: only its offset moves when the box is one contiguous run."""
     starts, box = _rel(run.block(step.after), run.block(step.before))
-    compact(run.buf, run.shape, starts, box, run.itemsize, run.chunk)
+    if executor._contiguous_box(run.shape, starts, box):
+        skip = 0
+        for n, s in zip(run.shape, starts):
+            skip = skip * n + s
+        run.offset += skip * run.itemsize if math.prod(box) else 0
+    else:
+        run.to_front()
+        compact(run.buf, run.shape, starts, box, run.itemsize, run.chunk)
     run.shape = box
     return 0
 
@@ -355,24 +404,38 @@ def _all_reduce(run, step):
 
 
 def _permute(run, step):
+    """Send the block whole to one rank, receive another's.
+
+    Straight into free space of the buffer when there is room beside the
+    block (before it, after a slice, or after it); otherwise in rounds of
+    at most half the workspace, each received through a staging buffer and
+    copied to the front (it never overwrites data not yet sent: the block
+    starts at or after the front).
+    """
     mc, plan = run.mc, run.plan
     dest = permute_dest(plan.mesh, step.before, step.after, mc.digits)
     source = permute_source(plan.mesh, step.before, step.after, mc.digits)
     out = tuple(hi - lo for lo, hi in run.block(step.after))
     if dest == mc.rank and source == mc.rank:
         return 0
+    o, B = run.offset, run.MPI.BYTE
     send = math.prod(run.shape) * run.itemsize
     recv = math.prod(out) * run.itemsize
+    at = 0 if recv <= o else o + send if o + send + recv <= run.buf.size else None
+    if at is not None:
+        mc.comm.Sendrecv([run.buf[o:o + send], send, B], dest,
+                         recvbuf=[run.buf[at:at + recv], recv, B], source=source)
+        run.offset, run.shape = at, out
+        return send if dest != mc.rank else 0
     rounds = -(-math.prod(step.local_shape_before) * run.itemsize // run.chunk)
     staging = np.empty(min(run.chunk, max(send, recv, 1)), dtype=np.uint8)
-    B = run.MPI.BYTE
     for k in range(rounds):
         lo = k * run.chunk
         ns, nr = max(0, min(run.chunk, send - lo)), max(0, min(run.chunk, recv - lo))
-        mc.comm.Sendrecv([run.buf[lo:lo + ns], ns, B], dest,
+        mc.comm.Sendrecv([run.buf[o + lo:o + lo + ns], ns, B], dest,
                          recvbuf=[staging, nr, B], source=source)
         run.buf[lo:lo + nr] = staging[:nr]
-    run.shape = out
+    run.offset, run.shape = 0, out
     return send if dest != mc.rank else 0
 
 

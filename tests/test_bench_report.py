@@ -278,3 +278,13 @@ def test_plan_only_imports_no_mpi():
 def test_bad_options_exit_2(argv, message, capsys):
     assert main(["--plan-only", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_inplace_ratios_only_against_an_out_of_place_run(records):
+    """Where collectives itself ran in place there is nothing to compare with."""
+    for r in records:
+        if r["case"] == "c02_b" and r["strategy"] == "collectives":
+            r["executor"] = "in place"
+    assert set(report.inplace_ratios(records)) == {"c01_a"}
+    records[0]["executor"] = "out of place"
+    assert set(report.inplace_ratios(records)) == {"c01_a"}

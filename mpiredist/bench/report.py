@@ -99,12 +99,14 @@ def add_ratios(records):
 def inplace_ratios(records):
     """``{case: {"inplace": x, "donated": y}}``: median time over collectives' median.
 
-    Only cases with a ``collectives`` run and at least one of the two.
+    Only cases with a ``collectives`` run that ran out of place (its record's
+    ``executor``; where the contract sends it in place too, there is no
+    out-of-place time to compare with) and at least one of the two.
     """
     out = {}
     for case, runs in _by_case(records).items():
         coll = runs.get("collectives")
-        if coll is None:
+        if coll is None or coll.get("executor", "out of place") != "out of place":
             continue
         row = {s: _ratio(runs[s]["median_s"], coll["median_s"]) for s in INPLACE
                if s in runs}

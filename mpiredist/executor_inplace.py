@@ -60,53 +60,77 @@ class _Run:
         self.chunk = max(self.itemsize, workspace // 2)
         self.shape = tuple(local.shape)
         self.offset = 0         # bytes before the block in the buffer (after a slice)
+        self.pretransposed = False  # the fill already laid out a reduce-scatter's parts
         capacity = buffer_bytes(plan)
         self.capacity, self.workspace = capacity, workspace
         resizable = donate and can_resize(local)
         fresh = resizable and _fresh_fits(plan, capacity, workspace)
         self.owner = local if resizable and not fresh else None
+        s, t = plan.src_local_bytes, plan.dst_local_bytes
+        self.limit = (max(0, t - s) if donate else max(s, t)) + workspace
         self.ctx = executor._Context(plan, mc, np)
-        self.ctx.slack = workspace // 2     # pack buffers of the step that fills the buffer
+        self.ctx.slack = workspace // 2     # pack buffers of a later exchange
         self.filled = []        # records of the steps run while filling the buffer
-        if fresh:
-            self.buf = np.empty(capacity, dtype=np.uint8)
-            self._fill(local)
-            local.resize(0, refcheck=False)     # donated: give its memory back now
-        elif self.owner is not None:
+        if self.owner is not None:
             local.shape = (local.size,)         # grown when a step needs it (reserve)
             self.buf = local.view(np.uint8)
         else:
-            self.buf = np.empty(capacity, dtype=np.uint8)
             self._fill(local)
+            if fresh:
+                local.resize(0, refcheck=False)     # donated: give its memory back now
 
     def _fill(self, local):
-        """Fill the buffer from the caller's block without copying it whole.
+        """Allocate the buffer and fill it from the caller's block without copying it whole.
 
         Leading slices only narrow a view of ``local``; the first
-        communicating step then reads from that view (subarray datatypes)
-        and writes its output straight into the buffer.  Only when that step
-        cannot (a reduce-scatter that needs packing) is the view copied in.
+        communicating step then reads from that view and writes its output
+        straight into the buffer, with pack buffers of what the contract
+        leaves beside it.  Only when that step cannot (a reduce-scatter that
+        needs packing) is the view copied in.  The buffer holds what that
+        step and the later ones need (:func:`_need`), so a result smaller
+        than the source needs no shrinking copy.
         """
         region = Region(np.ascontiguousarray(local))
-        for step in self.plan.steps:
-            if step.op == "slice":
-                region, _ = executor._slice(self.ctx, step, region)
-                self.ctx.sliced = True
-                self.filled.append(StepRecord(step.op, 0, 0.0))
-                continue
-            if _reads_caller(step, region):
-                self.ctx.reserved = self.typed
-                try:
-                    region, sent = executor._RUN[step.op](self.ctx, step, region)
-                finally:
-                    self.ctx.reserved = None
-                    self.ctx.free_types()
-                self.filled.append(StepRecord(step.op, int(sent), 0.0))
-            break
+        steps, k = self.plan.steps, 0
+        while k < len(steps) and steps[k].op == "slice":
+            region, _ = executor._slice(self.ctx, steps[k], region)
+            self.ctx.sliced = True
+            self.filled.append(StepRecord("slice", 0, 0.0))
+            k += 1
+        reads = k < len(steps) and _reads_caller(steps[k], region)
+        first = math.prod(steps[k].local_shape_after if reads else region.shape)
+        size = max([first * self.itemsize] + [_need(self.plan, st) for st in steps[k + reads:]])
+        self.buf = np.empty(size, dtype=np.uint8)
+        if reads:
+            self.ctx.reserved = self.typed
+            self.ctx.slack = max(0, self.limit - executor._MARGIN - size)
+            try:
+                region, sent = executor._RUN[steps[k].op](self.ctx, steps[k], region)
+            finally:
+                self.ctx.reserved = None
+                self.ctx.free_types()
+            self.filled.append(StepRecord(steps[k].op, int(sent), 0.0))
         self.ctx.sliced = False
+        self.ctx.slack = self.workspace // 2
         self.shape = region.shape
         if region.base is not None and not _aliases(region.base, self.buf):
-            np.copyto(self.typed(self.shape), region.view())
+            if k < len(steps) and _even_scatter(self.plan, steps[k], region.shape):
+                self._copy_scattered(steps[k], region.view())
+            else:
+                np.copyto(self.typed(self.shape), region.view())
+
+    def _copy_scattered(self, step, view):
+        """Copy the caller's block in, each member's part already contiguous.
+
+        A reduce-scatter along an inner dim needs the block transposed to
+        ``(g, outer, part)``; the copy into the buffer does it for free.
+        """
+        (j,) = step.dims
+        g = step.group_size
+        outer, part = math.prod(view.shape[:j]), view.shape[j] // g * math.prod(view.shape[j + 1:])
+        dst = self.typed((g, outer, part))
+        dst[...] = view.reshape(outer, g, part).transpose(1, 0, 2)
+        self.pretransposed = True
 
     def reserve(self, step):
         """Grow a donated buffer to the plan's capacity before a step that needs more.
@@ -117,10 +141,7 @@ class _Run:
         donated memory is released, else the block grows with
         ``ndarray.resize`` (which zero-fills the growth).
         """
-        frame = frame_shape(self.plan, step)
-        need = max(math.prod(step.local_shape_before), math.prod(step.local_shape_after),
-                   math.prod(frame) if frame is not None else 0) * self.itemsize
-        if self.owner is None or need <= self.buf.size:
+        if self.owner is None or _need(self.plan, step) <= self.buf.size:
             return
         self.to_front()
         live = math.prod(self.shape)
@@ -164,6 +185,21 @@ class _Run:
         buf, self.buf = self.buf, None
         buf.resize(n, refcheck=False)      # realloc: shrinks without a copy
         return buf.view(self.plan.dtype).reshape(self.shape)
+
+
+def _even_scatter(plan, step, shape):
+    """True for a reduce-scatter along an inner dim whose parts are all equal."""
+    if step.op != "reduce_scatter":
+        return False
+    (j,) = step.dims
+    return math.prod(shape[:j]) > 1 and frame_shape(plan, step) == tuple(shape)
+
+
+def _need(plan, step):
+    """Bytes of buffer ``step`` needs: its block before and after, or its padded frame."""
+    frame = frame_shape(plan, step)
+    return max(math.prod(step.local_shape_before), math.prod(step.local_shape_after),
+               math.prod(frame) if frame is not None else 0) * plan.dtype.itemsize
 
 
 def _fresh_fits(plan, capacity, workspace):
@@ -378,7 +414,9 @@ def _reduce_scatter(run, step):
     shape = run.shape
     inner = math.prod(shape[j + 1:])
     if outer > 1:
-        transpose(run.buf, 1, outer, g, shape[j] // g * inner * run.itemsize, run.chunk)
+        if not run.pretransposed:
+            transpose(run.buf, 1, outer, g, shape[j] // g * inner * run.itemsize, run.chunk)
+        run.pretransposed = False
         counts = [outer * (shape[j] // g) * inner] * g
     else:
         lengths = [run.block(step.after, member_digits(run.mc.digits, step.axes, m))[j]

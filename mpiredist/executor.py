@@ -38,7 +38,7 @@ from .backend import array_module, synchronize
 from .blocks import overlap, rank_block
 from .comm import mpi
 from .budget import assess
-from .packing import exchange_peers, group_sides, move
+from .packing import contiguous_box, exchange_peers, exchange_sides, group_sides, move
 from .errors import CommunicationError
 from .routing import (exchange_recvs, exchange_sends, member_digits, permute_dest,
                       permute_source)
@@ -91,7 +91,7 @@ class _Context:
         self.types = []
         self.reserved = None    # callable shape -> array for the next output
         self.slack = 0          # bytes the budget leaves for pack buffers
-        self.sliced = False     # the block is a slice of a larger one (from the plan)
+        self.sliced = False     # the block is a strided slice of a larger one (from the plan)
 
     def subarray(self, region, box=None):
         """``(count, datatype)`` for ``box`` (global coords) inside ``region``."""
@@ -117,7 +117,7 @@ class _Context:
         rel, shape = box
         starts = [a + b for a, b in zip(region.starts, rel)]
         full = region.base.shape
-        if math.prod(shape) and _contiguous_box(full, starts, shape):
+        if math.prod(shape) and contiguous_box(full, starts, shape):
             offset = 0
             for n, s in zip(full, starts):
                 offset = offset * n + s
@@ -170,7 +170,7 @@ def execute(plan, local, mc, records=None, slack=None):
             t0 = time.perf_counter()
             try:
                 region, sent = _RUN[step.op](ctx, step, region)
-                ctx.sliced = step.op == "slice"
+                ctx.sliced = after_slice(ctx.sliced, step)
             except ctx.MPI.Exception as exc:
                 raise CommunicationError(f"MPI failed in step {step}: {exc}") from exc
             finally:
@@ -188,6 +188,19 @@ def execute(plan, local, mc, records=None, slack=None):
 # buffer is alive: lists and datatypes here, and on a first call the planner's
 # caches (measured: 240 KiB for c01 at 2 ranks, tracemalloc, tests/mpi/test_memory.py).
 _MARGIN = 512 << 10
+
+
+def after_slice(sliced, step):
+    """Whether the block is a strided part of its base after ``step`` (from the plan).
+
+    A slice of one dim, all dims before it of length 1, keeps rows whole:
+    runs that are contiguous in the block stay contiguous in the base.
+    """
+    if step.op != "slice":
+        return False
+    dims = set(step.dims)
+    first = min(dims, default=0)
+    return sliced or len(dims) > 1 or any(n > 1 for n in step.local_shape_before[:first])
 
 
 def _c_contiguous(a):
@@ -227,15 +240,6 @@ def _slice(ctx, step, region):
     if not math.prod(shape):            # an empty block need not lie inside the old one
         return Region(_empty(ctx, after)), 0
     return region.sub(starts, shape), 0
-
-
-def _contiguous_box(full, starts, shape):
-    """True if the box is one run in C order: after its first dim longer
-    than 1, every dim spans the whole array."""
-    dims = [d for d, n in enumerate(shape) if n > 1]
-    if not dims:
-        return True
-    return all(shape[d] == full[d] for d in range(dims[0] + 1, len(full)))
 
 
 def _group_move(ctx, step, region):
@@ -371,7 +375,8 @@ def _exchange(ctx, step, region):
             pieces_out[r] = _rel(box, mine_b)
         pieces_in[r] = _rel(box, mine_a)
     sent = sum(math.prod(s) for r, (_, s) in pieces_out.items() if r != mc.rank)
-    move(ctx, mc.comm, region, out, pieces_out, pieces_in, exchange_peers(plan, step))
+    move(ctx, mc.comm, region, out, pieces_out, pieces_in, exchange_peers(plan, step),
+         exchange_sides(plan, step, not ctx.sliced))
     return out, sent * ctx.itemsize
 
 

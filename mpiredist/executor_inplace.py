@@ -39,6 +39,7 @@ from .comm import mpi
 from .errors import CommunicationError
 from .executor import Region, StepRecord, _rel
 from .inplace import compact, expand, transpose
+from .packing import contiguous_box
 from .routing import member_digits, permute_dest, permute_source
 
 __all__ = ["execute_inplace", "can_resize"]
@@ -94,7 +95,7 @@ class _Run:
         steps, k = self.plan.steps, 0
         while k < len(steps) and steps[k].op == "slice":
             region, _ = executor._slice(self.ctx, steps[k], region)
-            self.ctx.sliced = True
+            self.ctx.sliced = executor.after_slice(self.ctx.sliced, steps[k])
             self.filled.append(StepRecord("slice", 0, 0.0))
             k += 1
         reads = k < len(steps) and _reads_caller(steps[k], region)
@@ -280,7 +281,7 @@ def _strided(run, outer, run_bytes, stride_bytes, extent):
 def _slice(run, step):
     """Narrow the block: only its offset moves when the box is one contiguous run."""
     starts, box = _rel(run.block(step.after), run.block(step.before))
-    if executor._contiguous_box(run.shape, starts, box):
+    if contiguous_box(run.shape, starts, box):
         skip = 0
         for n, s in zip(run.shape, starts):
             skip = skip * n + s

@@ -20,8 +20,12 @@ part that does not fit the buffer goes as a subarray datatype.
 import math
 
 from .backend import synchronize
+from .blocks import rank_block
+from .routing import exchange_recvs, exchange_sends
+from .subaxes import rank_digits
 
-__all__ = ["move", "parts", "part_limit", "group_sides", "exchange_peers", "MIN_PART"]
+__all__ = ["move", "parts", "part_limit", "group_sides", "exchange_sides", "exchange_peers",
+           "contiguous_box", "MIN_PART"]
 
 
 MIN_PART = 4096     # bytes: smaller parts cost more in latency than packing saves
@@ -191,6 +195,41 @@ class _Staging:
             return [out.base, count, t], None
         spec = [packed, packed.size * self.ctx.itemsize, self.ctx.MPI.BYTE]
         return spec, (out.view()[_index(box)], packed.reshape(box[1]))
+
+
+def exchange_sides(plan, step, whole):
+    """How many sides of an exchange pack: 0, 1 or 2, judged on rank 0's pieces.
+
+    Every rank computes the same from the plan (the part size must agree);
+    where another rank's pieces are less contiguous than rank 0's, its
+    parts that do not fit the buffer go as datatypes (slower, never more
+    memory).
+    """
+    digits = rank_digits(plan.mesh, 0)
+    shape = plan.global_shape
+    mine_b = rank_block(shape, step.before, digits)
+    mine_a = rank_block(shape, step.after, digits)
+    sends = exchange_sends(plan.mesh, shape, step.before, step.after, digits)
+    recvs = exchange_recvs(plan.mesh, shape, step.before, step.after, digits)
+    send = not whole or not all(_runs(box, mine_b) for _, box in sends)
+    recv = not all(_runs(box, mine_a) for _, box in recvs)
+    return int(send) + int(recv)
+
+
+def _runs(box, block):
+    """True if the global ``box`` is one contiguous run of ``block`` in C order."""
+    full = [hi - lo for lo, hi in block]
+    starts = [lo - b for (lo, _), (b, _) in zip(box, block)]
+    return contiguous_box(full, starts, [hi - lo for lo, hi in box])
+
+
+def contiguous_box(full, starts, shape):
+    """True if the box is one run in C order: after its first dim longer
+    than 1, every dim spans the whole array."""
+    dims = [d for d, n in enumerate(shape) if n > 1]
+    if not dims:
+        return True
+    return all(shape[d] == full[d] for d in range(dims[0] + 1, len(full)))
 
 
 def exchange_peers(plan, step):

@@ -288,3 +288,15 @@ def test_inplace_ratios_only_against_an_out_of_place_run(records):
     assert set(report.inplace_ratios(records)) == {"c01_a"}
     records[0]["executor"] = "out of place"
     assert set(report.inplace_ratios(records)) == {"c01_a"}
+
+
+def test_findings_say_when_the_plans_are_the_same(records):
+    """The records' ops are absent here: the same (no) steps and bytes, so noise."""
+    text = "\n".join(report.findings(records))
+    assert "c02_b: collectives is 2.00x slower than xla" in text
+    assert "the same steps and bytes, so this is noise" in text
+    for r in records:
+        if r["case"] == "c02_b" and r["strategy"] == "xla":
+            r["ops"], r["plan_bytes_sent_per_rank"] = ["all_to_all"], 2000
+    line = next(l for l in report.findings(records) if "c02_b" in l and "than xla" in l)
+    assert "noise" not in line

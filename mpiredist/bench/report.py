@@ -173,9 +173,11 @@ def findings(records, noise=NOISE, target=INPLACE_TARGET):
                 continue
             ratio = _ratio(coll["median_s"], runs[other]["median_s"])
             if ratio is not None and ratio > noise:
+                same = _same_plan(coll, runs[other])
                 lines.append(f"finding: {case}: collectives is {ratio:.2f}x slower than "
                              f"{other} (median {coll['median_s'] * 1e3:.3f} ms vs "
-                             f"{runs[other]['median_s'] * 1e3:.3f} ms)")
+                             f"{runs[other]['median_s'] * 1e3:.3f} ms)"
+                             + (": the same steps and bytes, so this is noise" if same else ""))
         for s in INPLACE:
             if coll is None or s not in runs:
                 continue
@@ -192,6 +194,12 @@ def findings(records, noise=NOISE, target=INPLACE_TARGET):
                              f"the contract's limit {r['limit_bytes']} B "
                              f"(E/max(S,T) {r['peak_over_max']:.2f})")
     return lines
+
+
+def _same_plan(a, b):
+    """True if two records ran the same step kinds sending the same bytes, the same way."""
+    return (a.get("ops") == b.get("ops") and a.get("executor") == b.get("executor")
+            and a["plan_bytes_sent_per_rank"] == b["plan_bytes_sent_per_rank"])
 
 
 def _num(v, fmt):

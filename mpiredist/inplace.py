@@ -9,11 +9,13 @@ overlapping piece through a temporary of the piece's size).
   element moves to a lower or equal offset, so pieces go front to back.
 - :func:`expand` is the inverse (an element moves up): pieces go back to
   front.
-- :func:`transpose` swaps the two middle axes of an ``(A, R, C, E)`` array
-  by following the cycles of the permutation (in-place transposition as in
-  Catanzaro, Keller and Garland, PPoPP 2014, without their decomposition):
-  one saved element per cycle, moves batched over ``A`` and ``E`` within the
-  chunk.
+- :func:`transpose` swaps the two middle axes of an ``(A, R, C, E)`` array:
+  blocks of rows that fit the chunk are transposed by numpy through a
+  temporary, then the grid of blocks by following the cycles of the
+  permutation (in-place transposition as in Catanzaro, Keller and Garland,
+  PPoPP 2014, without their decomposition): one saved unit per cycle, moves
+  batched over ``A`` and ``E`` within the chunk.  Blocking makes the units
+  large (at 8 ranks, 8 MiB of 2 KiB units: 23 ms by cycles, 5.4 ms blocked).
 """
 
 import math

@@ -167,3 +167,22 @@ def lower_bound_bytes(shape, itemsize, src, dst, mesh_axes):
     if any(s not in dst.partial for s in src.partial):
         return math.prod(-(-n // group_size(d)) for n, d in zip(shape, dst.dims)) * itemsize
     return int(missing_elements(shape, src, dst, mesh_axes).max(initial=0)) * itemsize
+
+
+def exchange_messages(shape, before, after):
+    """Messages a rank receives in an exchange, at most: the product over
+    dims of the most ``before`` blocks that one ``after`` block meets (each
+    source block comes from one holder)."""
+    return math.prod(most_met(n, a, b)
+                     for n, b, a in zip(shape, before.counts(), after.counts()))
+
+
+def most_met(n, k_from, k_to):
+    """The most of ``k_to`` chunks of ``n`` that one of ``k_from`` chunks meets."""
+    c_from, c_to = -(-n // k_from), -(-n // k_to)
+    most = 1
+    for p in range(k_from):
+        lo, hi = min(n, p * c_from), min(n, (p + 1) * c_from)
+        if hi > lo:
+            most = max(most, -(-hi // c_to) - lo // c_to)
+    return most

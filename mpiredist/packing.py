@@ -21,6 +21,7 @@ import math
 
 from .backend import synchronize
 from .blocks import rank_block
+from .costs import most_met
 from .routing import exchange_recvs, exchange_sends
 from .subaxes import rank_digits
 
@@ -241,17 +242,6 @@ def exchange_peers(plan, step):
     """
     before, after = step.before.counts(), step.after.counts()
     shape = plan.global_shape
-    out = math.prod(_most_met(n, a, b) for n, a, b in zip(shape, before, after))
-    back = math.prod(_most_met(n, b, a) for n, a, b in zip(shape, before, after))
+    out = math.prod(most_met(n, a, b) for n, a, b in zip(shape, before, after))
+    back = math.prod(most_met(n, b, a) for n, a, b in zip(shape, before, after))
     return max(out, back)
-
-
-def _most_met(n, k_from, k_to):
-    """The most of ``k_to`` chunks of ``n`` that one of ``k_from`` chunks meets."""
-    c_from, c_to = -(-n // k_from), -(-n // k_to)
-    most = 1
-    for p in range(k_from):
-        lo, hi = min(n, p * c_from), min(n, (p + 1) * c_from)
-        if hi > lo:
-            most = max(most, -(-hi // c_to) - lo // c_to)
-    return most

@@ -308,3 +308,18 @@ def test_plans_4096_devices(shape, src, dst):
     assert p.lower_bound_bytes_per_rank <= p.bytes_sent_per_rank
     assert isinstance(p.explain(), str)
     assert PLAN_KEYS <= set(p.to_dict())
+
+
+def test_exchange_with_fewer_messages_wins_a_tie_in_bytes():
+    """c17 at 4096 ranks: slicing first would split each target block over 64 sources."""
+    from mpiredist.costs import exchange_messages
+    from mpiredist.subaxes import expand
+    mesh = mr.Mesh("x=64,y=64")
+    src, dst = mr.Layout.parse("[{x}, {}]"), mr.Layout.parse("[{y}, {x}]")
+    sliced = mr.Layout.parse("[{x,y}, {}]")
+    shape = (4096, 4096)
+    assert exchange_messages(shape, expand(src, mesh), expand(dst, mesh)) == 1
+    assert exchange_messages(shape, expand(sliced, mesh), expand(dst, mesh)) == 64
+    p = mr.plan(shape, "float32", mesh, src, dst)
+    assert [s.op for s in p.steps] == ["exchange"]
+    assert p.bytes_sent_per_rank == p.lower_bound_bytes_per_rank

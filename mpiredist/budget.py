@@ -9,9 +9,9 @@ workspace budget (default ``max(S, T) // 4 + 1 MiB``).  DESIGN.md section 3:
 The out-of-place executor allocates each communicating step's output while
 the previous one is alive; the in-place executor runs every step inside one
 buffer of the plan's peak size.  A step that cannot run in place (an
-exchange, or an all-to-all or reduce-scatter whose uneven shards rule out
-``MPI_IN_PLACE``) needs a second buffer; :func:`assess` says so before
-anything runs.
+exchange) needs a second buffer; :func:`assess` says so before anything
+runs.  Not donated, the first communicating step reads the caller's block
+and writes the buffer, so an exchange there needs no second buffer.
 """
 
 from dataclasses import dataclass
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 MIB = 1 << 20
 
 __all__ = ["default_workspace", "Budget", "assess", "inplace_reason", "frame_shape",
-           "buffer_bytes", "out_of_place_peak", "Choice", "choose"]
+           "buffer_bytes", "out_of_place_peak", "Choice", "choose", "in_place_plan"]
 
 
 def default_workspace(plan):
@@ -106,8 +106,10 @@ def assess(plan, donate=False, workspace=None):
     w = default_workspace(plan) if workspace is None else int(workspace)
     s, t = plan.src_local_bytes, plan.dst_local_bytes
     limit = (max(0, t - s) if donate else max(s, t)) + w
+    first = next((i for i, step in enumerate(plan.steps) if step.op != "slice"), None)
     blocked = tuple((i, why) for i, step in enumerate(plan.steps)
-                    if (why := inplace_reason(plan, step)) is not None)
+                    if (why := inplace_reason(plan, step)) is not None
+                    and not (i == first and not donate))
     buffer = buffer_bytes(plan)
     grow = buffer - s if donate else buffer
     extra = max((_bytes(plan.steps[i].local_shape_after, plan.dtype.itemsize)
@@ -138,13 +140,19 @@ def choose(plan, donate=False, workspace=None, gpu=False, without_exchange=None)
     (it is the faster one), else in one buffer.
 
     ``without_exchange``, if given, returns the plan to run in place instead
-    (the planner's plan without exchange steps, which cannot run in place).
-    GPU arrays always run out of place (no in-place executor for them yet).
+    when ``plan`` has a step that cannot run in place (the planner's plan
+    without exchange steps).  GPU arrays always run out of place (no
+    in-place executor for them yet).
     """
     fits = assess(plan, donate, workspace)
     if gpu or (not donate and fits.out_of_place_peak <= fits.limit):
         return Choice(plan, False, max(0, fits.limit - fits.out_of_place_peak), fits)
-    if without_exchange is not None:
+    return Choice(*in_place_plan(plan, fits, donate, workspace, without_exchange))
+
+
+def in_place_plan(plan, fits, donate, workspace, without_exchange):
+    """``(plan, True, 0, budget)`` for the in-place executor (see :func:`choose`)."""
+    if not fits.inplace_ok and without_exchange is not None:
         plan = without_exchange()
         fits = assess(plan, donate, workspace)
-    return Choice(plan, True, 0, fits)
+    return plan, True, 0, fits

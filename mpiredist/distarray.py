@@ -175,7 +175,8 @@ class DistArray:
         """The plan :meth:`redistribute` would run (no communication).
 
         A call that runs in place (donated, or over its memory budget out of
-        place) uses the plan with ``allow_exchange=False``.
+        place) uses the plan with ``allow_exchange=False`` when this one has an
+        exchange that cannot run in place (:func:`mpiredist.budget.choose`).
         """
         return planner.plan(self._shape, self.dtype, self._mesh, self._layout, dst, strategy,
                             allow_exchange)

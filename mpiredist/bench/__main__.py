@@ -33,11 +33,13 @@ strategies:
                (mpiredist.executor) when that fits the memory contract, else
                the plan without exchange steps in one buffer; the table's
                "exec" column says which
-  inplace      the collectives plan without exchange steps (allow_exchange=
-               False, as redistribute plans it for the in-place path) run by
-               mpiredist.executor_inplace in one buffer, W = default workspace
-  donated      the same, given a fresh copy of the source block (made before
-               the timed region) that it resizes with realloc (donate=True)
+  inplace      the collectives plan as redistribute runs it in one buffer
+               (mpiredist.executor_inplace, W = default workspace): without
+               exchange steps (allow_exchange=False) unless its only
+               exchange is the first step, which reads the source block
+  donated      the same (no exchange at all), given a fresh copy of the
+               source block (made before the timed region) that it may
+               resize or release (donate=True)
   xla          XLA's SPMD partitioner's own sequence (bench/xla.py) run on
                mpiredist's runtime exactly as collectives is (same choice of
                executor); shared cases on their own mesh only

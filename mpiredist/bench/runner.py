@@ -7,9 +7,10 @@ Per case, on every rank:
 
 1. plan each strategy once (``xla`` from :mod:`mpiredist.bench.xla`, the
    others from :mod:`mpiredist.planner`); ``raw`` is sized from the
-   ``collectives`` plan (:func:`make_raw`); ``inplace`` and ``donated``
-   share one plan, ``planner.plan(..., "collectives", allow_exchange=False)``
-   (what :func:`mpiredist.redistribute` runs in place);
+   ``collectives`` plan (:func:`make_raw`); ``inplace`` and ``donated`` run
+   what :func:`mpiredist.redistribute` runs in place: the default plan, or
+   ``planner.plan(..., allow_exchange=False)`` where an exchange cannot run
+   in place (any exchange when donated; a later one when not);
 2. start :mod:`tracemalloc` (:func:`~mpiredist.bench.memory.tracing`), then
    build the global array from a seed (the same on every rank), keep this
    rank's source block and its expected target block, drop the rest;
@@ -319,7 +320,8 @@ def make_raw(plan, mc):
 def _plans(entry, strategies, dtype):
     """``(plans, runnable, {strategy: why skipped})``; ``raw`` is sized from the
     ``collectives`` plan, which is built for it even if not run; ``inplace``
-    and ``donated`` share one plan (``allow_exchange=False``)."""
+    and ``donated`` get the plan redistribute would run in place
+    (:func:`_in_place_plan`)."""
     c = entry.case
     plans, skipped = {}, {}
     wanted = list(strategies)
@@ -338,10 +340,7 @@ def _plans(entry, strategies, dtype):
                 from .xla import xla_plan
                 plans[s] = xla_plan(c.id, c.shape, dtype)
             elif s in INPLACE:
-                other = next((plans[o] for o in INPLACE if o in plans), None)
-                plans[s] = other if other is not None else planner.plan(
-                    c.shape, dtype, c.mesh, c.src, c.dst, "collectives",
-                    allow_exchange=False)
+                plans[s] = _in_place_plan(c, dtype, donate=s == "donated")
             else:
                 plans[s] = planner.plan(c.shape, dtype, c.mesh, c.src, c.dst, s)
         except MpiredistError as exc:
@@ -353,6 +352,16 @@ def _plans(entry, strategies, dtype):
             skipped["raw"] = "no collectives plan to size it from"
     runnable = [s for s in strategies if s in plans]
     return plans, runnable, {s: skipped[s] for s in strategies if s in skipped}
+
+
+def _in_place_plan(c, dtype, donate):
+    """The plan :func:`mpiredist.redistribute` runs in one buffer: the default
+    one, or without exchange steps where one of them cannot run in place."""
+    from ..budget import assess, in_place_plan
+
+    plan = planner.plan(c.shape, dtype, c.mesh, c.src, c.dst, "collectives")
+    return in_place_plan(plan, assess(plan, donate), donate, None, lambda: planner.plan(
+        c.shape, dtype, c.mesh, c.src, c.dst, "collectives", allow_exchange=False))[0]
 
 
 def _agree(comm, names):

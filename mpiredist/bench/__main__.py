@@ -63,7 +63,7 @@ global array; raw checks the bytes it received), one untimed run under
 tracemalloc for the peak E (bytes newly allocated, max over ranks; tracing
 starts before the blocks exist so a donated block's realloc counts only its
 growth, and stops before the timed rounds), then
---repeats rounds running every strategy once in an order rotated each round,
+--repeats rounds running every strategy once in an order shuffled each round,
 with a barrier before each timed run.  A run's time is the largest over
 ranks; the table gives median, min and max over rounds, GB/s = bytes sent
 per rank (counted by the executor) / median.  Planning is outside the timing.

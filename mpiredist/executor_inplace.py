@@ -3,7 +3,8 @@
 The buffer has the plan's peak size, at most max(S, T) (the theorem).  When
 the caller donates its block the buffer is that block's own memory, grown or
 shrunk with ``realloc`` (``ndarray.resize``), so only max(0, T - S) bytes are
-new.  Every step keeps the current block C-contiguous at the front:
+new (the buffer's life: :mod:`mpiredist.workbuffer`).  Every step keeps the
+current block C-contiguous at the front:
 
 ============== ==========================================================
 slice          :func:`~mpiredist.inplace.compact` (chunked, in place)
@@ -33,200 +34,15 @@ import time
 import numpy as np
 
 from . import executor, packing
-from .blocks import rank_block
-from .budget import buffer_bytes, frame_shape, inplace_reason
-from .comm import mpi
+from .budget import frame_shape, inplace_reason
 from .errors import CommunicationError
 from .executor import Region, StepRecord, _rel
 from .inplace import compact, expand, transpose
 from .packing import contiguous_box
 from .routing import member_digits, permute_dest, permute_source
+from .workbuffer import WorkBuffer, can_resize
 
 __all__ = ["execute_inplace", "can_resize"]
-
-
-def can_resize(array):
-    """True if ``array`` owns a C-contiguous numpy buffer that ``resize`` may grow."""
-    return (isinstance(array, np.ndarray) and array.flags.owndata
-            and array.flags.c_contiguous and array.base is None)
-
-
-class _Run:
-    """State of one in-place run: the buffer, the current shape, MPI helpers."""
-
-    def __init__(self, plan, local, mc, donate, workspace):
-        self.plan, self.mc = plan, mc
-        self.MPI = mpi()
-        self.itemsize = plan.dtype.itemsize
-        self.chunk = max(self.itemsize, workspace // 2)
-        self.shape = tuple(local.shape)
-        self.offset = 0         # bytes before the block in the buffer (after a slice)
-        self.pretransposed = False  # the fill already laid out a reduce-scatter's parts
-        capacity = buffer_bytes(plan)
-        self.capacity, self.workspace = capacity, workspace
-        resizable = donate and can_resize(local)
-        fresh = resizable and _fresh_fits(plan, capacity, workspace)
-        self.owner = local if resizable and not fresh else None
-        s, t = plan.src_local_bytes, plan.dst_local_bytes
-        self.limit = (max(0, t - s) if donate else max(s, t)) + workspace
-        self.ctx = executor._Context(plan, mc, np)
-        self.ctx.slack = workspace // 2     # pack buffers of a later exchange
-        self.filled = []        # records of the steps run while filling the buffer
-        if self.owner is not None:
-            local.shape = (local.size,)         # grown when a step needs it (reserve)
-            self.buf = local.view(np.uint8)
-        else:
-            self._fill(local)
-            if fresh:
-                local.resize(0, refcheck=False)     # donated: give its memory back now
-
-    def _fill(self, local):
-        """Allocate the buffer and fill it from the caller's block without copying it whole.
-
-        Leading slices only narrow a view of ``local``; the first
-        communicating step then reads from that view and writes its output
-        straight into the buffer, with pack buffers of what the contract
-        leaves beside it.  Only when that step cannot (a reduce-scatter that
-        needs packing) is the view copied in.  The buffer holds what that
-        step and the later ones need (:func:`_need`), so a result smaller
-        than the source needs no shrinking copy.
-        """
-        region = Region(np.ascontiguousarray(local))
-        steps, k = self.plan.steps, 0
-        while k < len(steps) and steps[k].op == "slice":
-            region, _ = executor._slice(self.ctx, steps[k], region)
-            self.ctx.sliced = executor.after_slice(self.ctx.sliced, steps[k])
-            self.filled.append(StepRecord("slice", 0, 0.0))
-            k += 1
-        reads = k < len(steps) and _reads_caller(steps[k], region)
-        first = math.prod(steps[k].local_shape_after if reads else region.shape)
-        size = max([first * self.itemsize] + [_need(self.plan, st) for st in steps[k + reads:]])
-        self.buf = np.empty(size, dtype=np.uint8)
-        if reads:
-            self.ctx.reserved = self.typed
-            self.ctx.slack = max(0, self.limit - executor._MARGIN - size)
-            try:
-                region, sent = executor._RUN[steps[k].op](self.ctx, steps[k], region)
-            finally:
-                self.ctx.reserved = None
-                self.ctx.free_types()
-            self.filled.append(StepRecord(steps[k].op, int(sent), 0.0))
-        self.ctx.sliced = False
-        self.ctx.slack = self.workspace // 2
-        self.shape = region.shape
-        if region.base is not None and not _aliases(region.base, self.buf):
-            if k < len(steps) and _even_scatter(self.plan, steps[k], region.shape):
-                self._copy_scattered(steps[k], region.view())
-            else:
-                np.copyto(self.typed(self.shape), region.view())
-
-    def _copy_scattered(self, step, view):
-        """Copy the caller's block in, each member's part already contiguous.
-
-        A reduce-scatter along an inner dim needs the block transposed to
-        ``(g, outer, part)``; the copy into the buffer does it for free.
-        """
-        (j,) = step.dims
-        g = step.group_size
-        outer, part = math.prod(view.shape[:j]), view.shape[j] // g * math.prod(view.shape[j + 1:])
-        dst = self.typed((g, outer, part))
-        dst[...] = view.reshape(outer, g, part).transpose(1, 0, 2)
-        self.pretransposed = True
-
-    def reserve(self, step):
-        """Grow a donated buffer to the plan's capacity before a step that needs more.
-
-        The donated block is first shrunk to the live data (``realloc``
-        shrinks in place); then, if the contract has room for it, a new
-        buffer takes the live data (one copy of it, no zero fill) and the
-        donated memory is released, else the block grows with
-        ``ndarray.resize`` (which zero-fills the growth).
-        """
-        if self.owner is None or _need(self.plan, step) <= self.buf.size:
-            return
-        self.to_front()
-        live = math.prod(self.shape)
-        owner, self.buf = self.owner, None
-        owner.resize(live, refcheck=False)
-        s, t = self.plan.src_local_bytes, self.plan.dst_local_bytes
-        limit = max(0, t - s) + self.workspace
-        # the copy's peak (old live data and new buffer), then the new buffer with
-        # the temporaries of later steps (at most half the workspace)
-        if self.capacity - s + max(live * self.itemsize, self.workspace // 2) <= (
-                limit - executor._MARGIN):
-            self.buf = np.empty(self.capacity, dtype=np.uint8)
-            self.buf[:live * self.itemsize] = owner.view(np.uint8)
-            owner.resize(0, refcheck=False)
-            self.owner = None
-        else:
-            owner.resize(-(-self.capacity // self.itemsize), refcheck=False)
-            self.buf = owner.view(np.uint8)
-
-    def to_front(self):
-        """Move the block to the front of the buffer (in chunks), if it is not there."""
-        if self.offset:
-            n = math.prod(self.shape) * self.itemsize
-            compact(self.buf, (self.offset + n,), (self.offset,), (n,), 1, self.chunk)
-            self.offset = 0
-
-    def typed(self, shape):
-        n = math.prod(shape) * self.itemsize
-        return self.buf[:n].view(self.plan.dtype).reshape(shape)
-
-    def block(self, layout, digits=None):
-        return rank_block(self.plan.global_shape, layout, digits or self.mc.digits)
-
-    def result(self):
-        self.to_front()
-        n = math.prod(self.shape) * self.itemsize
-        if self.owner is not None:
-            self.buf = None
-            self.owner.resize(n // self.itemsize, refcheck=False)
-            return self.owner.reshape(self.shape)
-        buf, self.buf = self.buf, None
-        buf.resize(n, refcheck=False)      # realloc: shrinks without a copy
-        return buf.view(self.plan.dtype).reshape(self.shape)
-
-
-def _even_scatter(plan, step, shape):
-    """True for a reduce-scatter along an inner dim whose parts are all equal."""
-    if step.op != "reduce_scatter":
-        return False
-    (j,) = step.dims
-    return math.prod(shape[:j]) > 1 and frame_shape(plan, step) == tuple(shape)
-
-
-def _need(plan, step):
-    """Bytes of buffer ``step`` needs: its block before and after, or its padded frame."""
-    frame = frame_shape(plan, step)
-    return max(math.prod(step.local_shape_before), math.prod(step.local_shape_after),
-               math.prod(frame) if frame is not None else 0) * plan.dtype.itemsize
-
-
-def _fresh_fits(plan, capacity, workspace):
-    """True if a new buffer keeps a donated call within its limit.
-
-    Growing the donated block with ``ndarray.resize`` zero-fills the growth
-    and may copy the block (measured: 8 -> 64 MiB took 118 ms at 8 ranks,
-    a new 64 MiB buffer filled by the first step 36 ms).  A new buffer of
-    ``capacity`` bytes plus temporaries (at most half the workspace) fits
-    when ``capacity + W/2 <= max(0, T - S) + W``: a gather by a large factor.
-    """
-    limit = max(0, plan.dst_local_bytes - plan.src_local_bytes) + workspace
-    return capacity + workspace // 2 <= limit - executor._MARGIN
-
-
-def _reads_caller(step, region):
-    """True if ``step`` can read the caller's block and write the buffer directly."""
-    if step.op in ("all_gather", "all_to_all", "exchange", "permute"):
-        return True
-    if step.op == "reduce_scatter":
-        return region.whole and all(n == 1 for n in region.shape[:step.dims[0]])
-    return step.op == "all_reduce" and region.whole
-
-
-def _aliases(a, buf):
-    return np.shares_memory(a, buf) if a.size and buf.size else False
 
 
 def execute_inplace(plan, local, mc, donate=False, workspace=1 << 20, records=None):
@@ -235,7 +51,7 @@ def execute_inplace(plan, local, mc, donate=False, workspace=1 << 20, records=No
     With ``donate`` the caller's ``local`` (if it owns its memory) becomes the
     buffer: it is resized and its contents are undefined afterwards.
     """
-    run = _Run(plan, local, mc, donate, workspace)
+    run = WorkBuffer(plan, local, mc, donate, workspace)
     if records is not None:
         records.extend(run.filled)
     try:

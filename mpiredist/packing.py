@@ -18,6 +18,7 @@ part that does not fit the buffer goes as a subarray datatype.
 """
 
 import math
+from functools import lru_cache
 
 from .backend import synchronize
 from .blocks import rank_block
@@ -206,15 +207,20 @@ def exchange_sides(plan, step, whole):
     parts that do not fit the buffer go as datatypes (slower, never more
     memory).
     """
+    return int(not whole or _rank0_sides(plan, step)[0]) + int(_rank0_sides(plan, step)[1])
+
+
+@lru_cache(maxsize=64)
+def _rank0_sides(plan, step):
+    """``(send, recv)``: whether rank 0 has a strided piece to send, to receive (cached)."""
     digits = rank_digits(plan.mesh, 0)
     shape = plan.global_shape
     mine_b = rank_block(shape, step.before, digits)
     mine_a = rank_block(shape, step.after, digits)
     sends = exchange_sends(plan.mesh, shape, step.before, step.after, digits)
     recvs = exchange_recvs(plan.mesh, shape, step.before, step.after, digits)
-    send = not whole or not all(_runs(box, mine_b) for _, box in sends)
-    recv = not all(_runs(box, mine_a) for _, box in recvs)
-    return int(send) + int(recv)
+    return (not all(_runs(box, mine_b) for _, box in sends),
+            not all(_runs(box, mine_a) for _, box in recvs))
 
 
 def _runs(box, block):

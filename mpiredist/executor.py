@@ -246,20 +246,9 @@ def _slice(ctx, step, region):
 
 def _group_move(ctx, step, region):
     """All-gather or all-to-all in the group: each member gets before & after."""
-    comm, digits = ctx.mc.sub(step.axes), ctx.mc.digits
-    me = comm.Get_rank()
-    mine_b, mine_a = _block(ctx, step.before, digits), _block(ctx, step.after, digits)
-    out = Region(_empty(ctx, mine_a))
-    pieces_out, pieces_in, sent = {}, {}, 0
-    for m in range(comm.Get_size()):
-        other = member_digits(digits, step.axes, m)
-        box = overlap(mine_b, _block(ctx, step.after, other))
-        if box is not None:
-            pieces_out[m] = _rel(box, mine_b)
-            sent += _volume(box) if m != me else 0
-        box = overlap(_block(ctx, step.before, other), mine_a)
-        if box is not None:
-            pieces_in[m] = _rel(box, mine_a)
+    comm = ctx.mc.sub(step.axes)
+    out = Region(_empty(ctx, _block(ctx, step.after, ctx.mc.digits)))
+    pieces_out, pieces_in, sent = _group_pieces(ctx.plan, step, ctx.mc.rank)
     if step.op == "all_gather" and _gather_is_concat(ctx, step, region, out):
         _allgatherv(ctx, comm, region, out, step)
     else:
@@ -372,6 +361,25 @@ def _exchange(ctx, step, region):
     move(ctx, mc.comm, region, out, pieces_out, pieces_in, exchange_peers(plan, step),
          exchange_sides(plan, step, not ctx.sliced))
     return out, sent * ctx.itemsize
+
+
+@lru_cache(maxsize=64)
+def _group_pieces(plan, step, rank):
+    """``(pieces_out, pieces_in, elements sent)`` of ``rank`` in a group step,
+    keyed by member index; cached like :func:`_exchange_pieces`."""
+    shape, digits = plan.global_shape, rank_digits(plan.mesh, rank)
+    mine_b, mine_a = rank_block(shape, step.before, digits), rank_block(shape, step.after, digits)
+    pieces_out, pieces_in, sent = {}, {}, 0
+    for m in range(step.group_size):
+        other = member_digits(digits, step.axes, m)
+        box = overlap(mine_b, rank_block(shape, step.after, other))
+        if box is not None:
+            pieces_out[m] = _rel(box, mine_b)
+            sent += _volume(box) if other != digits else 0
+        box = overlap(rank_block(shape, step.before, other), mine_a)
+        if box is not None:
+            pieces_in[m] = _rel(box, mine_a)
+    return pieces_out, pieces_in, sent
 
 
 @lru_cache(maxsize=64)

@@ -28,6 +28,7 @@ and all-to-all inside a group this is exactly the collective's data; for the
 exchange the receivers come from :func:`mpiredist.routing.exchange_sends`.
 """
 
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -250,7 +251,7 @@ def _group_move(ctx, step, region):
     out = Region(_empty(ctx, _block(ctx, step.after, ctx.mc.digits)))
     pieces_out, pieces_in, sent = _group_pieces(ctx.plan, step, ctx.mc.rank)
     if step.op == "all_gather" and _gather_is_concat(ctx, step, region, out):
-        _allgatherv(ctx, comm, region, out, step)
+        _allgatherv(ctx, comm, region, out, pieces_in)
     else:
         move(ctx, comm, region, out, pieces_out, pieces_in, comm.Get_size() - 1,
              group_sides(step, not ctx.sliced))
@@ -266,17 +267,19 @@ def _gather_is_concat(ctx, step, region, out):
     return all(n == 1 for n in step.local_shape_after[:d])
 
 
-def _allgatherv(ctx, comm, region, out, step):
-    """Allgather when all blocks are equal (MPICH's Allgatherv is much slower)."""
-    digits = ctx.mc.digits
-    counts = [_volume(_block(ctx, step.before, member_digits(digits, step.axes, m)))
-              * ctx.itemsize for m in range(comm.Get_size())]
+def _allgatherv(ctx, comm, region, out, pieces_in):
+    """Allgather when all blocks are equal (MPICH's Allgatherv is much slower).
+
+    ``pieces_in[m]`` is member ``m``'s block in ``out`` (absent if empty).
+    """
+    counts = [math.prod(pieces_in[m][1]) * ctx.itemsize if m in pieces_in else 0
+              for m in range(comm.Get_size())]
     send = ctx.whole(region)
     synchronize(region.base)
     if len(set(counts)) == 1:
         comm.Allgather(send, [out.base, counts[0], ctx.MPI.BYTE])
         return
-    displs = [sum(counts[:m]) for m in range(len(counts))]
+    displs = [0, *itertools.accumulate(counts)][:-1]
     comm.Allgatherv(send, [out.base, counts, displs, ctx.MPI.BYTE])
 
 

@@ -39,7 +39,7 @@ import numpy as np
 from .backend import array_module, synchronize
 from .blocks import overlap, rank_block
 from .comm import mpi
-from .budget import assess
+from .budget import MARGIN, assess
 from .packing import contiguous_box, exchange_peers, exchange_sides, group_sides, move
 from .errors import CommunicationError
 from .subaxes import rank_digits
@@ -167,7 +167,7 @@ def execute(plan, local, mc, records=None, slack=None):
     if slack is None:
         fits = assess(plan)
         slack = fits.limit - fits.out_of_place_peak
-    ctx.slack = max(0, slack - _MARGIN)
+    ctx.slack = max(0, slack - MARGIN)
     try:
         for step in plan.steps:
             t0 = time.perf_counter()
@@ -185,12 +185,6 @@ def execute(plan, local, mc, records=None, slack=None):
     if region.whole and region.base is not local:
         return region.base
     return region.view().copy()     # never hand back a view of the caller's buffer
-
-
-# Bytes of the budget left for what else a call allocates while its pack
-# buffer is alive: lists and datatypes here, and on a first call the planner's
-# caches (measured: 240 KiB for c01 at 2 ranks, tracemalloc, tests/mpi/test_memory.py).
-_MARGIN = 512 << 10
 
 
 def after_slice(sliced, step):

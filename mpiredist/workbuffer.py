@@ -14,7 +14,7 @@ import numpy as np
 
 from . import executor
 from .blocks import rank_block
-from .budget import buffer_bytes, frame_shape
+from .budget import MARGIN, buffer_bytes, contract_limit, frame_shape
 from .comm import mpi
 from .executor import Region, StepRecord
 from .inplace import compact
@@ -41,11 +41,10 @@ class WorkBuffer:
         self.pretransposed = False  # the fill already laid out a reduce-scatter's parts
         capacity = buffer_bytes(plan)
         self.capacity, self.workspace = capacity, workspace
+        self.limit = contract_limit(plan, donate, workspace)
         resizable = donate and can_resize(local)
-        fresh = resizable and _fresh_fits(plan, capacity, workspace)
+        fresh = resizable and self._fits(capacity + workspace // 2)
         self.owner = local if resizable and not fresh else None
-        s, t = plan.src_local_bytes, plan.dst_local_bytes
-        self.limit = (max(0, t - s) if donate else max(s, t)) + workspace
         self.ctx = executor._Context(plan, mc, np)
         self.ctx.slack = workspace // 2     # pack buffers of a later exchange
         self.filled = []        # records of the steps run while filling the buffer
@@ -81,7 +80,7 @@ class WorkBuffer:
         self.buf = np.empty(size, dtype=np.uint8)
         if reads:
             self.ctx.reserved = self.typed
-            self.ctx.slack = max(0, self.limit - executor._MARGIN - size)
+            self.ctx.slack = max(0, self.limit - MARGIN - size)
             try:
                 region, sent = executor._RUN[steps[k].op](self.ctx, steps[k], region)
             finally:
@@ -125,12 +124,10 @@ class WorkBuffer:
         live = math.prod(self.shape)
         owner, self.buf = self.owner, None
         owner.resize(live, refcheck=False)
-        s, t = self.plan.src_local_bytes, self.plan.dst_local_bytes
-        limit = max(0, t - s) + self.workspace
         # the copy's peak (old live data and new buffer), then the new buffer with
         # the temporaries of later steps (at most half the workspace)
-        if self.capacity - s + max(live * self.itemsize, self.workspace // 2) <= (
-                limit - executor._MARGIN):
+        if self._fits(self.capacity - self.plan.src_local_bytes
+                      + max(live * self.itemsize, self.workspace // 2)):
             self.buf = np.empty(self.capacity, dtype=np.uint8)
             self.buf[:live * self.itemsize] = owner.view(np.uint8)
             owner.resize(0, refcheck=False)
@@ -138,6 +135,16 @@ class WorkBuffer:
         else:
             owner.resize(-(-self.capacity // self.itemsize), refcheck=False)
             self.buf = owner.view(np.uint8)
+
+    def _fits(self, new_bytes):
+        """True if ``new_bytes`` newly allocated at the peak keep the call within its limit.
+
+        Used to take a new buffer instead of growing a donated block with
+        ``ndarray.resize``, which zero-fills the growth and may copy the block
+        (measured: 8 -> 64 MiB took 118 ms at 8 ranks, a new 64 MiB buffer
+        filled by the first step 36 ms).
+        """
+        return new_bytes <= self.limit - MARGIN
 
     def to_front(self):
         """Move the block to the front of the buffer (in chunks), if it is not there."""
@@ -178,19 +185,6 @@ def _need(plan, step):
     frame = frame_shape(plan, step)
     return max(math.prod(step.local_shape_before), math.prod(step.local_shape_after),
                math.prod(frame) if frame is not None else 0) * plan.dtype.itemsize
-
-
-def _fresh_fits(plan, capacity, workspace):
-    """True if a new buffer keeps a donated call within its limit.
-
-    Growing the donated block with ``ndarray.resize`` zero-fills the growth
-    and may copy the block (measured: 8 -> 64 MiB took 118 ms at 8 ranks,
-    a new 64 MiB buffer filled by the first step 36 ms).  A new buffer of
-    ``capacity`` bytes plus temporaries (at most half the workspace) fits
-    when ``capacity + W/2 <= max(0, T - S) + W``: a gather by a large factor.
-    """
-    limit = max(0, plan.dst_local_bytes - plan.src_local_bytes) + workspace
-    return capacity + workspace // 2 <= limit - executor._MARGIN
 
 
 def _reads_caller(step, region):

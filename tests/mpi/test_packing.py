@@ -21,6 +21,7 @@ import oracle
 MPI = pytest.importorskip("mpi4py.MPI")
 
 from mpiredist import executor, packing, planner  # noqa: E402
+from mpiredist.budget import MARGIN  # noqa: E402
 from mpiredist.comm import mesh_comm  # noqa: E402
 from mpiredist.mesh import Mesh  # noqa: E402
 
@@ -80,7 +81,7 @@ def test_move_in_rounds(seed, tiny_parts):
     for slack in SLACKS:
         what = f"{mesh} {shape} {dtype} {src} -> {dst} {strategy} slack {slack}"
         try:
-            out = executor.execute(plan, block, mc, slack=executor._MARGIN + slack)
+            out = executor.execute(plan, block, mc, slack=MARGIN + slack)
         except Exception as exc:  # noqa: BLE001 - reported, then agreed across ranks
             failures.append(f"{what}: raised {type(exc).__name__}: {exc}")
             continue

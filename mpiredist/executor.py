@@ -40,7 +40,8 @@ from .backend import array_module, synchronize
 from .blocks import overlap, rank_block
 from .comm import mpi
 from .budget import MARGIN, assess
-from .packing import contiguous_box, exchange_peers, exchange_sides, group_sides, move
+from .packing import (contiguous_box, exchange_peers, exchange_sides, flat_offset, group_sides,
+                      move)
 from .errors import CommunicationError
 from .subaxes import rank_digits
 from .routing import (exchange_recvs, exchange_sends, member_digits, permute_dest,
@@ -121,10 +122,8 @@ class _Context:
         starts = [a + b for a, b in zip(region.starts, rel)]
         full = region.base.shape
         if math.prod(shape) and contiguous_box(full, starts, shape):
-            offset = 0
-            for n, s in zip(full, starts):
-                offset = offset * n + s
-            return math.prod(shape) * self.itemsize, offset * self.itemsize, self.MPI.BYTE
+            offset = flat_offset(full, starts) * self.itemsize
+            return math.prod(shape) * self.itemsize, offset, self.MPI.BYTE
         count, t = self.subarray(region, box)
         return count, 0, t
 

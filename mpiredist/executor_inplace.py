@@ -38,7 +38,7 @@ from .budget import frame_shape, inplace_reason
 from .errors import CommunicationError
 from .executor import Region, StepRecord, _rel
 from .inplace import compact, expand, transpose
-from .packing import contiguous_box
+from .packing import contiguous_box, flat_offset
 from .routing import member_digits, permute_dest, permute_source
 from .workbuffer import WorkBuffer, can_resize
 
@@ -98,10 +98,8 @@ def _slice(run, step):
     """Narrow the block: only its offset moves when the box is one contiguous run."""
     starts, box = _rel(run.block(step.after), run.block(step.before))
     if contiguous_box(run.shape, starts, box):
-        skip = 0
-        for n, s in zip(run.shape, starts):
-            skip = skip * n + s
-        run.offset += skip * run.itemsize if math.prod(box) else 0
+        if math.prod(box):
+            run.offset += flat_offset(run.shape, starts) * run.itemsize
     else:
         run.to_front()
         compact(run.buf, run.shape, starts, box, run.itemsize, run.chunk)

@@ -27,7 +27,7 @@ from .routing import exchange_recvs, exchange_sends
 from .subaxes import rank_digits
 
 __all__ = ["move", "parts", "part_limit", "group_sides", "exchange_sides", "exchange_peers",
-           "contiguous_box", "MIN_PART"]
+           "contiguous_box", "flat_offset", "MIN_PART"]
 
 
 MIN_PART = 4096     # bytes: smaller parts cost more in latency than packing saves
@@ -207,7 +207,8 @@ def exchange_sides(plan, step, whole):
     parts that do not fit the buffer go as datatypes (slower, never more
     memory).
     """
-    return int(not whole or _rank0_sides(plan, step)[0]) + int(_rank0_sides(plan, step)[1])
+    send, recv = _rank0_sides(plan, step)
+    return int(send or not whole) + int(recv)
 
 
 @lru_cache(maxsize=64)
@@ -228,6 +229,14 @@ def _runs(box, block):
     full = [hi - lo for lo, hi in block]
     starts = [lo - b for (lo, _), (b, _) in zip(box, block)]
     return contiguous_box(full, starts, [hi - lo for lo, hi in box])
+
+
+def flat_offset(full, starts):
+    """Elements before index ``starts`` of a C-ordered array of shape ``full``."""
+    offset = 0
+    for n, s in zip(full, starts):
+        offset = offset * n + s
+    return offset
 
 
 def contiguous_box(full, starts, shape):

@@ -1,31 +1,49 @@
 """mpiredist: memory-efficient redistribution of distributed arrays over MPI.
 
-Planning (meshes, layouts, plans, the simulator) needs only numpy; running
-plans needs mpi4py, imported when first used.
+The package is layered (see ``docs/architecture.md``): ``core`` (meshes,
+layouts, block geometry, errors) and ``planning`` (plans, costs, the memory
+model, the simulator) need only numpy; ``runtime`` (communicators, agreement,
+:class:`Transfer` and its executors) and ``arrays`` (:class:`DistArray`,
+ops, FFT, HDF5) need mpi4py, imported when first used.  This module only
+re-exports the public names, lazily, so ``import mpiredist`` stays free of
+MPI and of planner cost.
 """
 
-from .errors import (BudgetWarning, CommunicationError, LayoutError, MeshError, MismatchError,
-                     MpiredistError, PlanError, RemoteError, ShapeError)
-from .layout import Layout
-from .mesh import Mesh
-from .plans import Plan, Step
+import importlib
 
-__version__ = "0.1.0"
+from .core.errors import (BudgetWarning, CommunicationError, LayoutError, MeshError,
+                          MismatchError, MpiredistError, PlanError, RemoteError, ShapeError)
+from .core.layout import Layout
+from .core.mesh import Mesh
+from .planning.plans import Plan, Step
 
-__all__ = ["Mesh", "Layout", "Plan", "Step", "plan", "DistArray", "redistribute",
+__version__ = "0.2.0"
+
+__all__ = ["Mesh", "Layout", "Plan", "Step", "plan", "Transfer", "DistArray", "redistribute",
            "MpiredistError", "LayoutError", "MeshError", "ShapeError", "PlanError",
-           "MismatchError", "RemoteError", "CommunicationError", "BudgetWarning"]
+           "MismatchError", "RemoteError", "CommunicationError", "BudgetWarning",
+           "ops", "heat", "fft", "hdf5"]
+
+# public name -> (module, attribute or None for the module itself)
+_LAZY = {
+    "plan": (".planning.planner", "plan"),
+    "Transfer": (".runtime.transfer", "Transfer"),
+    "DistArray": (".arrays.distarray", "DistArray"),
+    "redistribute": (".arrays.distarray", "redistribute"),
+    "ops": (".arrays.ops", None),
+    "heat": (".arrays.heat", None),
+    "fft": (".arrays.fft", None),
+    "hdf5": (".arrays.hdf5", None),
+}
 
 
 def __getattr__(name):
-    # Lazy imports keep ``import mpiredist`` free of MPI and of planner cost.
-    if name == "plan":
-        from .planner import plan
-        return plan
-    if name == "DistArray":
-        from .distarray import DistArray
-        return DistArray
-    if name == "redistribute":
-        from .distarray import redistribute
-        return redistribute
-    raise AttributeError(f"module 'mpiredist' has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module 'mpiredist' has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    found = importlib.import_module(module, __name__)
+    return found if attr is None else getattr(found, attr)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -9,7 +9,7 @@ with status 2, as argparse does for bad flags.
 import argparse
 import sys
 
-from .errors import MpiredistError, ShapeError
+from .core.errors import MpiredistError, ShapeError
 
 __all__ = ["COMMANDS", "command", "main", "parse_shape"]
 
@@ -63,7 +63,7 @@ class PlanCommand:
         _add_case_flags(parser, required=True)
         parser.add_argument("--dtype", default="float32",
                             help="element type, any numpy dtype name (default float32)")
-        from .planner import STRATEGIES
+        from .planning.planner import STRATEGIES
         parser.add_argument("--strategy", default="collectives", choices=STRATEGIES,
                             help=STRATEGY_HELP + " (default collectives)")
         parser.add_argument("--json", action="store_true",
@@ -71,7 +71,7 @@ class PlanCommand:
 
     @staticmethod
     def run(args):
-        from .planner import plan
+        from .planning.planner import plan
         p = plan(parse_shape(args.shape), args.dtype, args.mesh, args.src, args.dst,
                  strategy=args.strategy)
         # default=str: the dtype is a numpy dtype object in Plan.to_dict.
@@ -116,8 +116,8 @@ class ModelCommand:
 
         from .bench.cases import Case, get_case
         from .bench.model import STRATEGIES, Network, format_table, plan_only_table
-        from .layout import Layout
-        from .mesh import Mesh
+        from .core.layout import Layout
+        from .core.mesh import Mesh
         user = [args.mesh, args.shape, args.src, args.dst]
         if any(user) and not all(user):
             raise MpiredistError("a user case needs all of --mesh, --shape, --src, --dst")

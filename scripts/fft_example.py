@@ -4,8 +4,8 @@
     mpirun -n 4 python scripts/fft_example.py [--shape 64,64,64] [--out DIR]
 
 1. Write a 3-D field to ``DIR/field.h5`` (each rank writes its slab with
-   :func:`mpiredist.hdf5.write_blocks`).
-2. Read it back split along dim 0 (:func:`mpiredist.hdf5.read_block`,
+   :func:`mpiredist.arrays.hdf5.write_blocks`).
+2. Read it back split along dim 0 (:func:`mpiredist.arrays.hdf5.read_block`,
    HeAT's ``ht.load_hdf5(..., split=0)``).
 3. ``F = fftn3(a)``: FFT along dims 1, 2; all-to-all to split 1; FFT along
    dim 0.  ``F`` stays split along dim 1.
@@ -34,11 +34,11 @@ if os.path.dirname(HERE) not in sys.path:   # run from a checkout without instal
     sys.path.insert(0, os.path.dirname(HERE))
 
 from mpiredist import Mesh, ops  # noqa: E402
-from mpiredist.blocks import interval  # noqa: E402
-from mpiredist.distarray import DistArray  # noqa: E402
-from mpiredist.fft import fftn3  # noqa: E402
-from mpiredist.heat import layout_for_split  # noqa: E402
-from mpiredist.hdf5 import read_block, write_blocks  # noqa: E402
+from mpiredist.core.blocks import interval  # noqa: E402
+from mpiredist.arrays.distarray import DistArray  # noqa: E402
+from mpiredist.arrays.fft import fftn3  # noqa: E402
+from mpiredist.arrays.heat import layout_for_split  # noqa: E402
+from mpiredist.arrays.hdf5 import read_block, write_blocks  # noqa: E402
 
 TOLERANCE = {np.dtype("float64"): 1e-10, np.dtype("float32"): 1e-4}
 
@@ -86,7 +86,7 @@ def spectrum(F):
     Returns ``(|F|, spectrum)``.  On a DistArray the ufuncs run on the local
     blocks (``ops.elementwise(np.abs, F)`` is ``np.abs(F)`` once DistArray
     has ``__array_ufunc__``) and the sum is partial over the mesh axis that
-    shards dim 1; :func:`mpiredist.ops.reduce` finishes it.
+    shards dim 1; :func:`mpiredist.arrays.ops.reduce` finishes it.
     """
     if isinstance(F, DistArray):
         mag = ops.elementwise(np.abs, F)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build an MPI-enabled h5py (MPI-IO driver "mpio") in a separate virtualenv,
-# against Debian's parallel HDF5 and MPICH, for mpiredist.hdf5's MPI-IO path.
+# against Debian's parallel HDF5 and MPICH, for mpiredist.arrays.hdf5's MPI-IO path.
 #
 # h5py wheels from PyPI are serial (h5py.get_config().mpi is False); mpiredist
 # then falls back to token-passing writes.  This script makes the parallel one.

@@ -13,8 +13,8 @@ from mpiredist.bench import report, runner
 from mpiredist.bench.__main__ import main
 from mpiredist.bench.cases import load_cases
 from mpiredist.bench.memory import traced_peak, tracing
-from mpiredist.layout import Layout
-from mpiredist.mesh import Mesh
+from mpiredist.core.layout import Layout
+from mpiredist.core.mesh import Mesh
 
 
 def _rec(case, strategy, median, sent=1000, peak_over_max=1.0, correct=True,

@@ -1,4 +1,4 @@
-"""mpiredist.hdf5 in one process: a mesh of size 1, no mpiexec needed."""
+"""mpiredist.arrays.hdf5 in one process: a mesh of size 1, no mpiexec needed."""
 
 import os
 import sys
@@ -9,9 +9,9 @@ import pytest
 h5py = pytest.importorskip("h5py")
 
 from mpiredist import Layout, Mesh  # noqa: E402
-from mpiredist import hdf5  # noqa: E402
-from mpiredist.errors import LayoutError, MeshError, ShapeError  # noqa: E402
-from mpiredist.hdf5 import HDF5Error, read_block, write_blocks  # noqa: E402
+from mpiredist.arrays import hdf5  # noqa: E402
+from mpiredist.core.errors import LayoutError, MeshError, ShapeError  # noqa: E402
+from mpiredist.arrays.hdf5 import HDF5Error, read_block, write_blocks  # noqa: E402
 
 MESH1 = Mesh({"x": 1})
 MESH11 = Mesh({"x": 1, "y": 1})

@@ -6,10 +6,10 @@ it runs against a stand-in array that records the redistribution asked for.
 
 import pytest
 
-from mpiredist.errors import LayoutError, MeshError
-from mpiredist.heat import layout_for_split, resplit, resplit_, split, split_of
-from mpiredist.layout import Layout
-from mpiredist.mesh import Mesh
+from mpiredist.core.errors import LayoutError, MeshError
+from mpiredist.arrays.heat import layout_for_split, resplit, resplit_, split, split_of
+from mpiredist.core.layout import Layout
+from mpiredist.core.mesh import Mesh
 
 
 @pytest.mark.parametrize("split_, ndim, text", [

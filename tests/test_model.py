@@ -10,10 +10,10 @@ from mpiredist.bench.cases import Case, get_case, load_cases
 from mpiredist.bench.model import (Network, format_table, grow_mesh, grow_shape,
                                    plan_only_table, predict, recv_peers, step_rounds)
 from mpiredist.bench.xla import xla_plan
-from mpiredist.errors import MeshError, PlanError
-from mpiredist.layout import Layout
-from mpiredist.routing import exchange_recvs
-from mpiredist.subaxes import rank_digits
+from mpiredist.core.errors import MeshError, PlanError
+from mpiredist.core.layout import Layout
+from mpiredist.planning.routing import exchange_recvs
+from mpiredist.core.subaxes import rank_digits
 
 ROUNDS_ONLY = Network(alpha=1.0, beta=math.inf)
 BYTES_ONLY = Network(alpha=0.0, beta=1.0, memory_bandwidth=math.inf)

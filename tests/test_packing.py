@@ -1,11 +1,11 @@
-"""mpiredist.packing.parts: how a piece is cut into the parts of its rounds."""
+"""mpiredist.runtime.packing.parts: how a piece is cut into the parts of its rounds."""
 
 import math
 
 import numpy as np
 from hypothesis import given, strategies as st
 
-from mpiredist.packing import parts
+from mpiredist.runtime.packing import parts
 
 shapes = st.lists(st.integers(0, 7), min_size=0, max_size=4).map(tuple)
 

@@ -158,7 +158,7 @@ def test_case_report(case):
 @case_params
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_case_simulates_exactly(case, strategy):
-    from mpiredist.simulate import simulate
+    from mpiredist.planning.simulate import simulate
     shape = _scaled(case["shape"])
     mesh = _mesh_axes(case)
     src, dst = case["src"], case["dst"]
@@ -312,8 +312,8 @@ def test_plans_4096_devices(shape, src, dst):
 
 def test_exchange_with_fewer_messages_wins_a_tie_in_bytes():
     """c17 at 4096 ranks: slicing first would split each target block over 64 sources."""
-    from mpiredist.costs import exchange_messages
-    from mpiredist.subaxes import expand
+    from mpiredist.planning.costs import exchange_messages
+    from mpiredist.core.subaxes import expand
     mesh = mr.Mesh("x=64,y=64")
     src, dst = mr.Layout.parse("[{x}, {}]"), mr.Layout.parse("[{y}, {x}]")
     sliced = mr.Layout.parse("[{x,y}, {}]")

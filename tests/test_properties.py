@@ -77,7 +77,7 @@ def problems(draw):
 
 
 def check(mesh, shape, dtype, src_spec, dst_spec, seed=0):
-    from mpiredist.simulate import simulate
+    from mpiredist.planning.simulate import simulate
     src, partial, op = src_spec
     dst, dst_partial, _ = dst_spec
     rng = np.random.default_rng(seed)

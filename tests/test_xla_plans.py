@@ -13,10 +13,10 @@ import pytest
 
 from mpiredist.bench.cases import get_case, load_cases, load_xla_plans, scaled
 from mpiredist.bench.xla import XLA_MOVES, parse_sublayout, xla_ops, xla_plan
-from mpiredist.errors import PlanError
-from mpiredist.mesh import Mesh
-from mpiredist.simulate import simulate
-from mpiredist.subaxes import expand
+from mpiredist.core.errors import PlanError
+from mpiredist.core.mesh import Mesh
+from mpiredist.planning.simulate import simulate
+from mpiredist.core.subaxes import expand
 from oracle import global_array, source_blocks, target_mismatch
 
 CASES = load_cases()

@@ -10,9 +10,9 @@ import textwrap
 import time
 
 from ..cli import parse_shape
-from ..errors import MpiredistError, PlanError, ShapeError
-from ..layout import Layout
-from ..mesh import Mesh
+from ..core.errors import MpiredistError, PlanError, ShapeError
+from ..core.layout import Layout
+from ..core.mesh import Mesh
 
 __all__ = ["build_parser", "main", "QUICK_SCALE", "QUICK_REPEATS"]
 
@@ -30,11 +30,11 @@ ranks of MPI_COMM_WORLD, and compare time, bytes and measured memory.
 strategies:
   collectives  the paper's normal form (mpiredist's default), run as
                redistribute runs it (not donated): out of place
-               (mpiredist.executor) when that fits the memory contract, else
+               (mpiredist.runtime.executor) when that fits the memory contract, else
                the plan without exchange steps in one buffer; the table's
                "exec" column says which
   inplace      the collectives plan as redistribute runs it in one buffer
-               (mpiredist.executor_inplace, W = default workspace): without
+               (mpiredist.runtime.executor_inplace, W = default workspace): without
                exchange steps (allow_exchange=False) unless its only
                exchange is the first step, which reads the source block
   donated      the same (no exchange at all), given a fresh copy of the
@@ -163,7 +163,7 @@ class _Options:
 
 
 def _user_case(args):
-    from .. import planner
+    from ..planning import planner
     from .cases import Case
 
     given = {k: getattr(args, k) for k in ("mesh", "shape", "src", "dst")}
@@ -196,7 +196,7 @@ def main(argv=None, comm=None):
 
 def _is_root(comm):
     if comm is None:
-        from ..comm import mpi
+        from ..runtime.comm import mpi
         comm = mpi().COMM_WORLD
     return comm.Get_rank() == 0
 
@@ -237,8 +237,9 @@ def _plan_only(args, opts):
 
 
 def _run(args, opts, comm):
-    from ..comm import mpi
-    from . import report, runner
+    from ..runtime.comm import mpi
+    from . import report
+    from . import runner
 
     comm = mpi().COMM_WORLD if comm is None else comm
     root = comm.Get_rank() == 0

@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
-from ..errors import ShapeError
-from ..layout import Layout
+from ..core.errors import ShapeError
+from ..core.layout import Layout
 
 __all__ = ["Case", "shared_file", "load_cases", "load_xla_plans", "get_case", "scaled"]
 

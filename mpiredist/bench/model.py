@@ -50,12 +50,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .. import planner
-from ..blocks import all_blocks, chunk
-from ..errors import MeshError, MpiredistError, PlanError
-from ..mesh import Mesh
-from ..routing import exchange_sends
-from ..subaxes import group_size, rank_digits
+from ..planning import planner
+from ..core.blocks import all_blocks, chunk
+from ..core.errors import MeshError, MpiredistError, PlanError
+from ..core.mesh import Mesh
+from ..planning.routing import exchange_sends
+from ..core.subaxes import group_size, rank_digits
 from .cases import load_cases, scaled
 
 __all__ = ["Network", "Prediction", "Row", "predict", "step_rounds", "exchange_peers",
@@ -106,7 +106,7 @@ def recv_peers(plan, step):
     """Per rank: how many other ranks an ``exchange`` step receives from.
 
     Exact and vectorised: a rank gets each source block that meets its
-    target block, except its own, from one holder (:mod:`mpiredist.routing`).
+    target block, except its own, from one holder (:mod:`mpiredist.planning.routing`).
     """
     mesh, shape = plan.mesh, plan.global_shape
     src = all_blocks(shape, step.before, mesh.axes)

@@ -14,7 +14,9 @@ import statistics
 import sys
 import time
 
-from .. import blocks, costs, planner
+from ..core import blocks
+from ..planning import costs
+from ..planning import planner
 
 MESH = {"a": 8, "b": 8, "c": 8, "d": 8}
 
@@ -41,7 +43,7 @@ def _clear():
 
 
 def time_plan(shape, src, dst, strategy, repeats):
-    """Seconds per uncached :func:`mpiredist.planner.plan`, one per repeat."""
+    """Seconds per uncached :func:`mpiredist.planning.planner.plan`, one per repeat."""
     out = []
     for _ in range(repeats):
         _clear()

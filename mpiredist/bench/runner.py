@@ -6,7 +6,7 @@ The suite and the mesh mapping are plain arithmetic (no MPI); running it
 Per case, on every rank:
 
 1. plan each strategy once (``xla`` from :mod:`mpiredist.bench.xla`, the
-   others from :mod:`mpiredist.planner`); ``raw`` is sized from the
+   others from :mod:`mpiredist.planning.planner`); ``raw`` is sized from the
    ``collectives`` plan (:func:`make_raw`); ``inplace`` and ``donated`` run
    what :func:`mpiredist.redistribute` runs in place: the default plan, or
    ``planner.plan(..., allow_exchange=False)`` where an exchange cannot run
@@ -22,9 +22,9 @@ Per case, on every rank:
    shuffled each round (A/B interleaving, :func:`_orders`), with a barrier
    before each timed run.  A run's time is the largest over ranks.
 
-Timed runs call :func:`mpiredist.executor.execute` (``inplace``, ``donated``:
-:func:`mpiredist.executor_inplace.execute_inplace` with W =
-:func:`mpiredist.budget.default_workspace`) on the prebuilt plan, so planning
+Timed runs call :func:`mpiredist.runtime.executor.execute` (``inplace``, ``donated``:
+:func:`mpiredist.runtime.executor_inplace.execute_inplace` with W =
+:func:`mpiredist.planning.budget.default_workspace`) on the prebuilt plan, so planning
 and the argument check of :func:`mpiredist.redistribute` (one small
 collective) are outside the timing, equally for every strategy.  ``donated``
 gives the executor a fresh copy of the source block, made before the barrier
@@ -50,11 +50,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .. import planner
-from ..blocks import rank_block
-from ..errors import MeshError, MpiredistError, PlanError
-from ..mesh import Mesh
-from ..subaxes import expand, prime_factors, rank_digits
+from ..planning import planner
+from ..core.blocks import rank_block
+from ..core.errors import MeshError, MpiredistError, PlanError
+from ..core.mesh import Mesh
+from ..core.subaxes import expand, prime_factors, rank_digits
 from .cases import Case, load_cases, scaled
 from .memory import traced_peak, tracing
 from .model import grow_mesh
@@ -63,7 +63,7 @@ __all__ = ["STRATEGIES", "INPLACE", "Entry", "map_mesh", "suite", "global_array"
            "source_block", "target_block", "Raw", "make_raw", "run_suite"]
 
 STRATEGIES = ("collectives", "inplace", "donated", "xla", "replicate", "direct", "raw")
-# Run by mpiredist.executor_inplace on the collectives plan without exchange steps.
+# Run by mpiredist.runtime.executor_inplace on the collectives plan without exchange steps.
 INPLACE = ("inplace", "donated")
 
 MAPPING_RULE = (
@@ -278,7 +278,7 @@ def _pattern(sender, peer):
 
 def make_raw(plan, mc):
     """The :class:`Raw` limit of ``plan`` (a ``collectives`` plan) on ``mc``."""
-    from ..comm import mpi
+    from ..runtime.comm import mpi
 
     MPI = mpi()
     steps = [s for s in plan.steps if s.op != "slice" and s.bytes_sent_per_rank > 0]
@@ -357,7 +357,7 @@ def _plans(entry, strategies, dtype):
 def _in_place_plan(c, dtype, donate):
     """The plan :func:`mpiredist.redistribute` runs in one buffer: the default
     one, or without exchange steps where one of them cannot run in place."""
-    from ..budget import assess, in_place_plan
+    from ..planning.budget import assess, in_place_plan
 
     plan = planner.plan(c.shape, dtype, c.mesh, c.src, c.dst, "collectives")
     return in_place_plan(plan, assess(plan, donate), donate, None, lambda: planner.plan(
@@ -387,13 +387,13 @@ def _runner(name, plan, src, mc, raw):
     returns the block the call gets: ``src`` itself, or for ``donated`` a
     fresh copy that the call may resize and overwrite.  ``collectives`` and
     ``xla`` run as :func:`mpiredist.redistribute` would run their plans
-    (:func:`mpiredist.budget.choose`): out of place when that fits the
+    (:func:`mpiredist.planning.budget.choose`): out of place when that fits the
     memory contract, else in one buffer (``collectives`` then runs its plan
     without exchange steps); ``replicate`` and ``direct`` run out of place.
     """
-    from ..budget import choose, default_workspace
-    from ..executor import execute
-    from ..executor_inplace import execute_inplace
+    from ..planning.budget import choose, default_workspace
+    from ..runtime.executor import execute
+    from ..runtime.executor_inplace import execute_inplace
 
     if name == "raw":
         return (lambda: None), (lambda a, records=None: raw.run()), None, "raw MPI"
@@ -418,8 +418,8 @@ def _runner(name, plan, src, mc, raw):
 
 def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
     """Run one case; return ``(records, skipped)`` (identical on every rank)."""
-    from ..budget import default_workspace
-    from ..comm import MeshComm, mpi
+    from ..planning.budget import default_workspace
+    from ..runtime.comm import MeshComm, mpi
 
     MPI = mpi()
     c = entry.case
@@ -511,7 +511,7 @@ def _tick(progress, entry, name):
 
 
 def _record(entry, name, plans, raw, times, reduced, ranks, dtype):
-    from ..budget import default_workspace
+    from ..planning.budget import default_workspace
 
     c = entry.case
     ref = plans[name] if name != "raw" else plans.get("collectives")

@@ -23,12 +23,12 @@ Reading the XLA text:
 
 XLA pads lengths that its shards do not divide; our blocks are not padded,
 so a slice, gather or all-to-all is exact only where the finer shards tile
-the coarser ones (:func:`mpiredist.blocks.aligned`).  :func:`xla_plan`
+the coarser ones (:func:`mpiredist.core.blocks.aligned`).  :func:`xla_plan`
 refuses shapes where a step of XLA's sequence would not (c13's single
 all-to-all is exact at any shape).
 
 Layout text here is over sub-axes: ``y`` is the whole axis, ``y:1`` one
-digit (:class:`mpiredist.subaxes.SubAxis` index, major first).
+digit (:class:`mpiredist.core.subaxes.SubAxis` index, major first).
 
 Examples
 --------
@@ -39,11 +39,11 @@ Examples
 
 import re
 
-from ..blocks import aligned, group_size
-from ..errors import PlanError
-from ..layout import REDUCE_OPS
-from ..planner import assemble, validate
-from ..subaxes import SubLayout, expand, sub_axes
+from ..core.blocks import aligned, group_size
+from ..core.errors import PlanError
+from ..core.layout import REDUCE_OPS
+from ..planning.planner import assemble, validate
+from ..core.subaxes import SubLayout, expand, sub_axes
 from .cases import get_case, load_xla_plans
 
 __all__ = ["XLA_MOVES", "xla_plan", "xla_ops", "parse_sublayout"]

@@ -1,4 +1,4 @@
-"""mpiredist.fft and scripts/fft_example.py under MPI: any number of ranks.
+"""mpiredist.arrays.fft and scripts/fft_example.py under MPI: any number of ranks.
 
     timeout 300 mpiexec -n 4 python -m pytest -q --with-mpi tests/mpi/test_fft.py
 
@@ -16,9 +16,9 @@ import pytest
 from helpers import all_ok, need_ranks
 
 from mpiredist import Layout, Mesh
-from mpiredist.distarray import DistArray
-from mpiredist.errors import LayoutError, MeshError, ShapeError
-from mpiredist.fft import fft2, fftn, fftn3, ifft2, ifftn, ifftn3
+from mpiredist.arrays.distarray import DistArray
+from mpiredist.core.errors import LayoutError, MeshError, ShapeError
+from mpiredist.arrays.fft import fft2, fftn, fftn3, ifft2, ifftn, ifftn3
 
 pytestmark = pytest.mark.mpi
 
@@ -128,7 +128,7 @@ def test_fft_errors(comm):
         fftn3(DistArray.from_global(data((4, 6)), mesh, "[{x}, {}]"))
     with pytest.raises(ShapeError, match="zero-length"):
         fft2(DistArray.from_global(np.zeros((0, 3)), mesh, "[{x}, {}]"))
-    from mpiredist import ops
+    from mpiredist.arrays import ops
     with pytest.raises(LayoutError, match="partial"):
         fftn(ops.sum(a3, 0))
     with pytest.raises(LayoutError, match="every dim"):

@@ -1,4 +1,4 @@
-"""mpiredist.hdf5 under MPI: any number of ranks.
+"""mpiredist.arrays.hdf5 under MPI: any number of ranks.
 
     timeout 120 mpiexec -n 4 python -m pytest --with-mpi tests/mpi/test_hdf5.py
 
@@ -21,12 +21,12 @@ MPI = pytest.importorskip("mpi4py.MPI")
 
 from helpers import all_ok  # noqa: E402  (tests/mpi/helpers.py)
 from mpiredist import Layout, Mesh  # noqa: E402
-from mpiredist import hdf5  # noqa: E402
-from mpiredist.errors import (LayoutError, MeshError, MismatchError,  # noqa: E402
+from mpiredist.arrays import hdf5  # noqa: E402
+from mpiredist.core.errors import (LayoutError, MeshError, MismatchError,  # noqa: E402
                               RemoteError, ShapeError)
-from mpiredist.hdf5 import HDF5Error, read_block, write_blocks  # noqa: E402
-from mpiredist.blocks import interval  # noqa: E402
-from mpiredist.subaxes import prime_factors  # noqa: E402
+from mpiredist.arrays.hdf5 import HDF5Error, read_block, write_blocks  # noqa: E402
+from mpiredist.core.blocks import interval  # noqa: E402
+from mpiredist.core.subaxes import prime_factors  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 

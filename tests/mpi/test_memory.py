@@ -25,7 +25,7 @@ import pytest
 from mpi4py import MPI
 
 import mpiredist as mr
-from mpiredist.budget import default_workspace
+from mpiredist.planning.budget import default_workspace
 from helpers import all_ok
 
 CASES = json.loads((Path(mr.__file__).parent / "bench" / "data" / "cases.json").read_text())
@@ -64,8 +64,8 @@ def _values(box, shape):
 
 
 def _block(shape, mesh, layout, rank, holder=True):
-    from mpiredist.blocks import rank_block
-    from mpiredist.subaxes import expand, rank_digits
+    from mpiredist.core.blocks import rank_block
+    from mpiredist.core.subaxes import expand, rank_digits
     m = mr.Mesh(mesh)
     box = rank_block(tuple(shape), expand(layout, m), rank_digits(m, rank))
     values = _values(box, shape)

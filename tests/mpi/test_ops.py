@@ -1,4 +1,4 @@
-"""mpiredist.ops and mpiredist.heat under MPI: any number of ranks.
+"""mpiredist.arrays.ops and mpiredist.arrays.heat under MPI: any number of ranks.
 
     timeout 300 mpiexec -n 4 python -m pytest -q --with-mpi tests/mpi/test_ops.py
 
@@ -13,10 +13,10 @@ from helpers import all_ok, need_ranks
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from mpiredist import Layout, Mesh, ops
-from mpiredist.distarray import DistArray
-from mpiredist.errors import LayoutError, MeshError, ShapeError
-from mpiredist.heat import layout_for_split, resplit, resplit_, split
-from mpiredist.ops import OperandError
+from mpiredist.arrays.distarray import DistArray
+from mpiredist.core.errors import LayoutError, MeshError, ShapeError
+from mpiredist.arrays.heat import layout_for_split, resplit, resplit_, split
+from mpiredist.arrays.ops import OperandError
 
 pytestmark = pytest.mark.mpi
 

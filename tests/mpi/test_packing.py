@@ -1,4 +1,4 @@
-"""The packed move (mpiredist.packing.move) in many rounds, against the oracle.
+"""The packed move (mpiredist.runtime.packing.move) in many rounds, against the oracle.
 
     timeout 300 mpiexec -n N python -m pytest -q --with-mpi tests/mpi/test_packing.py
 
@@ -20,10 +20,10 @@ import oracle
 
 MPI = pytest.importorskip("mpi4py.MPI")
 
-from mpiredist import executor, packing, planner  # noqa: E402
-from mpiredist.budget import MARGIN  # noqa: E402
-from mpiredist.comm import mesh_comm  # noqa: E402
-from mpiredist.mesh import Mesh  # noqa: E402
+from mpiredist.runtime import executor, packing, planner  # noqa: E402
+from mpiredist.planning.budget import MARGIN  # noqa: E402
+from mpiredist.runtime.comm import mesh_comm  # noqa: E402
+from mpiredist.core.mesh import Mesh  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()

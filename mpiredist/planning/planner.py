@@ -3,7 +3,7 @@
 Strategies:
 
 ``collectives``
-    The paper's normal form (:mod:`mpiredist.normal_form`); among its
+    The paper's normal form (:mod:`mpiredist.planning.normal_form`); among its
     candidates the one that sends the fewest bytes, then the fewest rounds.
     An ``exchange`` replaces the size-preserving phase only where the
     collective form cannot express a case (uneven lengths whose shards do not
@@ -23,21 +23,21 @@ from functools import lru_cache
 import numpy as np
 
 from . import normal_form as nf
-from .blocks import divides_evenly, local_shape
+from ..core.blocks import divides_evenly, local_shape
 from .costs import (collective_bytes, exchange_bytes, exchange_messages, group_sends,
                     lower_bound_bytes, missing_elements)
-from .errors import PlanError, ShapeError
-from .layout import Layout
-from .mesh import Mesh
+from ..core.errors import PlanError, ShapeError
+from ..core.layout import Layout
+from ..core.mesh import Mesh
 from .plans import Plan, Step
-from .subaxes import expand
+from ..core.subaxes import expand
 
 __all__ = ["plan", "STRATEGIES"]
 
 STRATEGIES = ("collectives", "replicate", "direct")
 
 # An exchange moves arbitrary boxes; the executor packs them like any
-# all-to-all (mpiredist.packing), so fewer bytes mean less time.  Measured on
+# all-to-all (mpiredist.runtime.packing), so fewer bytes mean less time.  Measured on
 # the shared cases at 8 ranks, 8 MiB blocks (bench --scale 1 --repeats 5,
 # medians): the exchange sending 8 MiB took 0.69-0.96x the time of the
 # collective plan sending 10-14 MiB (c10: 20 % fewer bytes, 0.69x; c04, c09:

@@ -9,18 +9,20 @@ import warnings
 
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from . import heat, ops, planner
-from .agree import agree_on
-from .blocks import rank_block
-from .comm import check_size, mesh_comm, mpi
-from .errors import BudgetWarning, ShapeError
-from .backend import is_gpu
-from .budget import choose
-from .executor import execute
-from .executor_inplace import execute_inplace
-from .layout import Layout
-from .mesh import Mesh
-from .subaxes import expand, rank_digits
+from . import heat
+from . import ops
+from ..planning import planner
+from ..runtime.agree import agree_on
+from ..core.blocks import rank_block
+from ..runtime.comm import check_size, mesh_comm, mpi
+from ..core.errors import BudgetWarning, ShapeError
+from ..core.backend import is_gpu
+from ..planning.budget import choose
+from ..runtime.executor import execute
+from ..runtime.executor_inplace import execute_inplace
+from ..core.layout import Layout
+from ..core.mesh import Mesh
+from ..core.subaxes import expand, rank_digits
 
 __all__ = ["DistArray", "redistribute"]
 
@@ -176,7 +178,7 @@ class DistArray:
 
         A call that runs in place (donated, or over its memory budget out of
         place) uses the plan with ``allow_exchange=False`` when this one has an
-        exchange that cannot run in place (:func:`mpiredist.budget.choose`).
+        exchange that cannot run in place (:func:`mpiredist.planning.budget.choose`).
         """
         return planner.plan(self._shape, self.dtype, self._mesh, self._layout, dst, strategy,
                             allow_exchange)
@@ -193,7 +195,7 @@ class DistArray:
             reused and its contents are undefined afterwards.
         strategy : {"collectives", "replicate", "direct"}
         records : list, optional
-            Receives one :class:`~mpiredist.executor.StepRecord` per step.
+            Receives one :class:`~mpiredist.runtime.executor.StepRecord` per step.
         workspace_bytes : int, optional
             Budget W for temporary buffers (see :func:`redistribute`).
         """
@@ -216,7 +218,7 @@ class DistArray:
     def load_hdf5(cls, path, dataset, mesh, layout, comm=None):
         """Read ``dataset`` of the HDF5 file ``path``, each rank only its block (collective).
 
-        See :func:`mpiredist.hdf5.read_block` for the errors raised on every rank.
+        See :func:`mpiredist.arrays.hdf5.read_block` for the errors raised on every rank.
         """
         from .hdf5 import read_block
         mesh, layout = _mesh(mesh), Layout.parse(layout)
@@ -229,13 +231,13 @@ class DistArray:
         """Write the global array to ``dataset`` of ``path`` (collective).
 
         A new file appears atomically; replicas are written once.  See
-        :func:`mpiredist.hdf5.write_blocks`.
+        :func:`mpiredist.arrays.hdf5.write_blocks`.
         """
         from .hdf5 import write_blocks
         write_blocks(path, dataset, self._local, self._shape, self._mesh, self._layout,
                      self._mesh.comm, overwrite=overwrite)
 
-    # numpy protocol and analytics (mpiredist.ops, mpiredist.heat)
+    # numpy protocol and analytics (mpiredist.arrays.ops, mpiredist.arrays.heat)
     __array_ufunc__ = ops.array_ufunc
     sum = ops.sum
     mean = ops.mean
@@ -265,8 +267,8 @@ def redistribute(local, global_shape, mesh, src, dst, donate=False,
     the call allocates at most ``max(S, T) + W`` bytes, or
     ``max(0, T - S) + W`` when ``donate`` is True.  The fast out-of-place
     executor runs when it fits; otherwise the plan runs inside one buffer
-    (:mod:`mpiredist.executor_inplace`).  If some step cannot run in place, a
-    :class:`~mpiredist.errors.BudgetWarning` says so before anything runs.
+    (:mod:`mpiredist.runtime.executor_inplace`).  If some step cannot run in place, a
+    :class:`~mpiredist.core.errors.BudgetWarning` says so before anything runs.
     """
     def body(mesh, rank):
         s, d = Layout.parse(src), Layout.parse(dst)

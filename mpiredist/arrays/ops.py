@@ -1,4 +1,4 @@
-"""Elementwise ufuncs and reductions of :class:`~mpiredist.distarray.DistArray`.
+"""Elementwise ufuncs and reductions of :class:`~mpiredist.arrays.distarray.DistArray`.
 
 Nothing here moves data except :func:`reduce` (and the reductions' callers
 when they reduce).  The rules:
@@ -36,9 +36,9 @@ import operator
 
 import numpy as np
 
-from .backend import array_module
-from .errors import LayoutError, MpiredistError, ShapeError
-from .layout import Layout
+from ..core.backend import array_module
+from ..core.errors import LayoutError, MpiredistError, ShapeError
+from ..core.layout import Layout
 
 __all__ = ["OperandError", "array_ufunc", "elementwise", "sum", "mean", "min", "max", "reduce",
            "OPERATORS", "result_layout"]
@@ -112,7 +112,7 @@ def array_ufunc(self, ufunc, method, *inputs, **kwargs):
     if method != "__call__":
         raise OperandError(f"numpy.{name}.{method} is not supported on a DistArray; "
                            "only elementwise calls are (for reductions use "
-                           "mpiredist.ops.sum/min/max/mean)")
+                           "mpiredist.arrays.ops.sum/min/max/mean)")
     if kwargs.get("out") is not None:
         raise OperandError(f"numpy.{name}(..., out=...) is not supported on a "
                            "DistArray: results are new DistArrays; assign the result")
@@ -189,7 +189,7 @@ def _check_partial_ok(name, ufunc, inputs, dist):
         raise LayoutError(f"numpy.{name}: operand {dist[0][0]} has partial layout "
                           f"{layout}; partial results only allow multiplication by a "
                           "scalar and division by a scalar (op sum); reduce it first "
-                          "with mpiredist.ops.reduce")
+                          "with mpiredist.arrays.ops.reduce")
 
 
 # ------------------------------------------------------------- reductions

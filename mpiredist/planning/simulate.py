@@ -16,10 +16,10 @@ Examples
 
 import numpy as np
 
-from .blocks import rank_block
-from .errors import ShapeError
+from ..core.blocks import rank_block
+from ..core.errors import ShapeError
 from .routing import (exchange_recvs, member_ranks, permute_source)
-from .subaxes import rank_digits
+from ..core.subaxes import rank_digits
 
 __all__ = ["simulate", "REDUCERS"]
 

@@ -1,7 +1,7 @@
 """HDF5 input and output of distributed arrays: each rank touches only its block.
 
 One HDF5 dataset holds the global array; rank ``r`` reads or writes only the
-hyperslab that ``layout`` gives it (see :mod:`mpiredist.blocks`), so no rank
+hyperslab that ``layout`` gives it (see :mod:`mpiredist.core.blocks`), so no rank
 ever holds more than its own block.
 
 Two ways to reach the file, chosen by ``h5py.get_config().mpi``:
@@ -16,7 +16,7 @@ Two ways to reach the file, chosen by ``h5py.get_config().mpi``:
 
 All checks (arguments, file, dataset, layout, local block shapes, dtypes) run
 before anything is read or written, and every rank raises together (see
-:mod:`mpiredist.agree`).  Replicated data (mesh axes that the layout does not
+:mod:`mpiredist.runtime.agree`).  Replicated data (mesh axes that the layout does not
 use) is written once, by the ranks whose coordinate on those axes is 0.
 
 Atomicity: a **new file** is written to a hidden temporary file in the same
@@ -31,11 +31,11 @@ import secrets
 
 import numpy as np
 
-from .agree import agree_on, raise_together
-from .blocks import rank_block
-from .errors import LayoutError, MeshError, MpiredistError, ShapeError
-from .layout import Layout
-from .subaxes import expand, rank_digits
+from ..runtime.agree import agree_on, raise_together
+from ..core.blocks import rank_block
+from ..core.errors import LayoutError, MeshError, MpiredistError, ShapeError
+from ..core.layout import Layout
+from ..core.subaxes import expand, rank_digits
 
 __all__ = ["HDF5Error", "read_block", "write_blocks"]
 

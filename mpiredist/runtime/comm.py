@@ -7,8 +7,8 @@ ordered so that a member's rank in the sub-communicator is its mixed-radix
 index over the group (first sub-axis major).
 """
 
-from .errors import MeshError
-from .subaxes import rank_digits
+from ..core.errors import MeshError
+from ..core.subaxes import rank_digits
 
 __all__ = ["MeshComm", "mpi", "mesh_comm", "check_size"]
 

@@ -6,7 +6,7 @@ allocates its output and moves data from the input box into its final place
 there.  MPICH moves derived datatypes several times slower than contiguous
 bytes, so contiguous blocks and pieces go as plain bytes at an offset, and
 strided pieces are packed by numpy within the memory budget
-(:mod:`mpiredist.packing`).
+(:mod:`mpiredist.runtime.packing`).
 
 Step -> MPI call:
 
@@ -14,18 +14,18 @@ Step -> MPI call:
 slice          none (the box shrinks)
 all_gather     Allgather (Allgatherv if blocks differ) of bytes when
                the result is a concatenation in memory, else
-               :func:`mpiredist.packing.move` on the group
-all_to_all     :func:`mpiredist.packing.move` on the group: rounds of
+               :func:`mpiredist.runtime.packing.move` on the group
+all_to_all     :func:`mpiredist.runtime.packing.move` on the group: rounds of
                Isend/Irecv of contiguous or packed parts
 reduce_scatter Reduce_scatter (typed), after packing if needed
 all_reduce     Allreduce (typed)
 permute        Sendrecv of the whole block (no call if it stays)
-exchange       :func:`mpiredist.packing.move` on the mesh
+exchange       :func:`mpiredist.runtime.packing.move` on the mesh
 ============== =====================================================
 
 Every peer's piece is ``before(sender) & after(receiver)``: for all-gather
 and all-to-all inside a group this is exactly the collective's data; for the
-exchange the receivers come from :func:`mpiredist.routing.exchange_sends`.
+exchange the receivers come from :func:`mpiredist.planning.routing.exchange_sends`.
 """
 
 import itertools
@@ -36,15 +36,15 @@ from functools import lru_cache
 
 import numpy as np
 
-from .backend import array_module, synchronize
-from .blocks import overlap, rank_block
+from ..core.backend import array_module, synchronize
+from ..core.blocks import overlap, rank_block
 from .comm import mpi
-from .budget import MARGIN, assess
+from ..planning.budget import MARGIN, assess
 from .packing import (contiguous_box, exchange_peers, exchange_sides, flat_offset, group_sides,
                       move)
-from .errors import CommunicationError
-from .subaxes import rank_digits
-from .routing import (exchange_recvs, exchange_sends, member_digits, permute_dest,
+from ..core.errors import CommunicationError
+from ..core.subaxes import rank_digits
+from ..planning.routing import (exchange_recvs, exchange_sends, member_digits, permute_dest,
                       permute_source)
 
 __all__ = ["execute", "Region", "StepRecord"]
@@ -153,9 +153,9 @@ def execute(plan, local, mc, records=None, slack=None):
     """Run ``plan`` on this rank's block ``local``; return the target block.
 
     ``local`` is never written.  ``mc`` is the mesh's
-    :class:`~mpiredist.comm.MeshComm`.  ``slack`` is how many bytes of pack
+    :class:`~mpiredist.runtime.comm.MeshComm`.  ``slack`` is how many bytes of pack
     buffer the memory budget allows on top of the outputs (default: what the
-    default workspace leaves, see :mod:`mpiredist.budget`).  If ``records`` is a list, one
+    default workspace leaves, see :mod:`mpiredist.planning.budget`).  If ``records`` is a list, one
     :class:`StepRecord` per step is appended to it.
     """
     xp = array_module(local)

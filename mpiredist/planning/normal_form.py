@@ -1,7 +1,7 @@
 """The paper's normal form, as moves on sub-axis layouts.
 
 A move is ``(op, axes, dims, after)``: the collective, its sub-axis group,
-its array dims (see :mod:`mpiredist.plans`) and the layout it produces.  The
+its array dims (see :mod:`mpiredist.planning.plans`) and the layout it produces.  The
 candidates are built in three phases, ordered by memory effect (as Shardy
 and arXiv 2112.01075 do):
 
@@ -12,14 +12,14 @@ and arXiv 2112.01075 do):
 3. grow: all-gather, per dim, the minor axes the target does not shard.
 
 Steps whose fine shards would not tile the coarse ones (uneven lengths, see
-:func:`mpiredist.blocks.aligned`) are not emitted; the caller then plans an
+:func:`mpiredist.core.blocks.aligned`) are not emitted; the caller then plans an
 exchange.  Returns None where a phase cannot be expressed.
 """
 
 from collections import Counter
 
-from .blocks import aligned, group_size
-from .subaxes import prime_factors
+from ..core.blocks import aligned, group_size
+from ..core.subaxes import prime_factors
 
 __all__ = ["shrink", "rearrange", "finish", "fix_counts", "direct_permute"]
 

@@ -18,8 +18,8 @@ evenly over its holders.
 
 import itertools
 
-from .blocks import block_index, group_size, interval, overlap, rank_block
-from .subaxes import sub_axes
+from ..core.blocks import block_index, group_size, interval, overlap, rank_block
+from ..core.subaxes import sub_axes
 
 __all__ = ["all_sub_axes", "digits_to_rank", "member_ranks", "permute_source",
            "permute_dest", "exchange_recvs", "exchange_sends", "member_digits"]

@@ -21,9 +21,9 @@ ranks, e.g. ``mpirun -n 4``; lengths need not divide evenly.
 
 import numpy as np
 
-from .backend import array_module
-from .errors import LayoutError, MeshError, ShapeError
-from .layout import Layout
+from ..core.backend import array_module
+from ..core.errors import LayoutError, MeshError, ShapeError
+from ..core.layout import Layout
 
 __all__ = ["fft2", "ifft2", "fftn3", "ifftn3", "fftn", "ifftn", "fft_layouts"]
 
@@ -74,7 +74,7 @@ def _check(a, what, ndim=None, mesh_ndim=None, layout=None):
         raise MeshError(f"{what}: expected a {mesh_ndim}-D mesh, found mesh {a.mesh}")
     if a.layout.partial:
         raise LayoutError(f"{what}: layout {a.layout} holds partial results; "
-                          "reduce them first (mpiredist.ops.reduce)")
+                          "reduce them first (mpiredist.arrays.ops.reduce)")
     if layout is not None and a.layout != layout:
         raise LayoutError(f"{what}: expected layout {layout} (split along dim 0), "
                           f"found {a.layout}; redistribute first, e.g. "

@@ -19,8 +19,8 @@ the first ranks instead, so blocks may differ by a row from HeAT's.
 import operator
 
 from . import ops
-from .errors import LayoutError, MeshError
-from .layout import Layout
+from ..core.errors import LayoutError, MeshError
+from ..core.layout import Layout
 
 __all__ = ["layout_for_split", "split_of", "split", "resplit", "resplit_"]
 

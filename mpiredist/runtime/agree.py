@@ -11,7 +11,7 @@ waiting in a collective that its peers never enter.
 
 import hashlib
 
-from .errors import MismatchError, RemoteError
+from ..core.errors import MismatchError, RemoteError
 
 __all__ = ["raise_together", "fingerprint", "agree_on"]
 

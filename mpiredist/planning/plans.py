@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .layout import Layout
-from .mesh import Mesh
-from .subaxes import SubAxis, SubLayout, group_str  # noqa: F401  (repr namespace)
+from ..core.layout import Layout
+from ..core.mesh import Mesh
+from ..core.subaxes import SubAxis, SubLayout, group_str  # noqa: F401  (repr namespace)
 
 __all__ = ["Step", "Plan", "OPS"]
 

@@ -13,8 +13,8 @@ import math
 import numpy as np
 
 from . import executor
-from .blocks import rank_block
-from .budget import MARGIN, buffer_bytes, contract_limit, frame_shape
+from ..core.blocks import rank_block
+from ..planning.budget import MARGIN, buffer_bytes, contract_limit, frame_shape
 from .comm import mpi
 from .executor import Region, StepRecord
 from .inplace import compact

@@ -14,8 +14,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from .blocks import all_blocks, group_size
-from .subaxes import all_digits
+from ..core.blocks import all_blocks, group_size
+from ..core.subaxes import all_digits
 
 __all__ = ["collective_bytes", "exchange_bytes", "lower_bound_bytes"]
 

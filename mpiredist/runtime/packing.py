@@ -6,7 +6,7 @@ subarray types 170 ms, this module 19 ms, a bare Alltoall 10 ms).  So
 :func:`move` sends every piece that is one contiguous run of its array
 straight from it, packs the others with numpy into one buffer of at most
 ``ctx.slack`` bytes (what the memory budget leaves, see
-:mod:`mpiredist.budget`), and cuts pieces into parts (:func:`parts`) so that
+:mod:`mpiredist.planning.budget`), and cuts pieces into parts (:func:`parts`) so that
 a round of parts fits that buffer.  The executor uses it for every
 all-to-all, for all-gathers whose blocks do not lie one after another in
 the output, and for exchanges.
@@ -20,11 +20,11 @@ part that does not fit the buffer goes as a subarray datatype.
 import math
 from functools import lru_cache
 
-from .backend import synchronize
-from .blocks import rank_block
-from .costs import most_met
-from .routing import exchange_recvs, exchange_sends
-from .subaxes import rank_digits
+from ..core.backend import synchronize
+from ..core.blocks import rank_block
+from ..planning.costs import most_met
+from ..planning.routing import exchange_recvs, exchange_sends
+from ..core.subaxes import rank_digits
 
 __all__ = ["move", "parts", "part_limit", "group_sides", "exchange_sides", "exchange_peers",
            "contiguous_box", "flat_offset", "MIN_PART"]

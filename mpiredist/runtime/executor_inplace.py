@@ -3,11 +3,11 @@
 The buffer has the plan's peak size, at most max(S, T) (the theorem).  When
 the caller donates its block the buffer is that block's own memory, grown or
 shrunk with ``realloc`` (``ndarray.resize``), so only max(0, T - S) bytes are
-new (the buffer's life: :mod:`mpiredist.workbuffer`).  Every step keeps the
+new (the buffer's life: :mod:`mpiredist.runtime.workbuffer`).  Every step keeps the
 current block C-contiguous at the front:
 
 ============== ==========================================================
-slice          :func:`~mpiredist.inplace.compact` (chunked, in place)
+slice          :func:`~mpiredist.runtime.inplace.compact` (chunked, in place)
 all_gather     expand own block to its slot, ``Allgather(v)(MPI_IN_PLACE)``
                (plain bytes when blocks follow each other, else a strided
                resized vector datatype)
@@ -33,13 +33,14 @@ import time
 
 import numpy as np
 
-from . import executor, packing
-from .budget import frame_shape, inplace_reason
-from .errors import CommunicationError
+from . import executor
+from . import packing
+from ..planning.budget import frame_shape, inplace_reason
+from ..core.errors import CommunicationError
 from .executor import Region, StepRecord, _rel
 from .inplace import compact, expand, transpose
 from .packing import contiguous_box, flat_offset
-from .routing import member_digits, permute_dest, permute_source
+from ..planning.routing import member_digits, permute_dest, permute_source
 from .workbuffer import WorkBuffer, can_resize
 
 __all__ = ["execute_inplace", "can_resize"]

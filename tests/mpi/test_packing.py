@@ -20,7 +20,8 @@ import oracle
 
 MPI = pytest.importorskip("mpi4py.MPI")
 
-from mpiredist.runtime import executor, packing, planner  # noqa: E402
+from mpiredist.planning import planner  # noqa: E402
+from mpiredist.runtime import executor, packing  # noqa: E402
 from mpiredist.planning.budget import MARGIN  # noqa: E402
 from mpiredist.runtime.comm import mesh_comm  # noqa: E402
 from mpiredist.core.mesh import Mesh  # noqa: E402

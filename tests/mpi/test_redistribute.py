@@ -153,7 +153,7 @@ def check_call(failures, what, G, mesh, src, dst, dims_src, dims_dst, partial, o
     what = f"{what} [{mode}]"
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", mr.errors.BudgetWarning)
+            warnings.simplefilter("ignore", mr.BudgetWarning)
             out = mr.redistribute(block, G.shape, mr.Mesh(mesh), src, dst,
                                   strategy=strategy, records=records, **MODES[mode])
     except Exception as exc:  # noqa: BLE001 - reported, then agreed across ranks
@@ -323,7 +323,7 @@ def test_random_property(seed):
     failures = []
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", mr.errors.BudgetWarning)
+            warnings.simplefilter("ignore", mr.BudgetWarning)
             out = mr.redistribute(block, shape, mr.Mesh(mesh), src, dst, strategy=strategy,
                                   **MODES[mode])
     except Exception as exc:  # noqa: BLE001

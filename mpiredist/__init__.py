@@ -11,8 +11,8 @@ MPI and of planner cost.
 
 import importlib
 
-from .core.errors import (BudgetWarning, CommunicationError, LayoutError, MeshError,
-                          MismatchError, MpiredistError, PlanError, RemoteError, ShapeError)
+from .core.errors import (BudgetWarning, CommunicationError, DonationWarning, LayoutError,
+                          MeshError, MismatchError, MpiredistError, PlanError, RemoteError, ShapeError)
 from .core.layout import Layout
 from .core.mesh import Mesh
 from .planning.plans import Plan, Step
@@ -22,6 +22,7 @@ __version__ = "0.2.0"
 __all__ = ["Mesh", "Layout", "Plan", "Step", "plan", "Transfer", "DistArray", "redistribute",
            "MpiredistError", "LayoutError", "MeshError", "ShapeError", "PlanError",
            "MismatchError", "RemoteError", "CommunicationError", "BudgetWarning",
+           "DonationWarning",
            "ops", "heat", "fft", "hdf5"]
 
 # public name -> (module, attribute or None for the module itself)

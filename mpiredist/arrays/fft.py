@@ -24,6 +24,7 @@ import numpy as np
 from ..core.backend import array_module
 from ..core.errors import LayoutError, MeshError, ShapeError
 from ..core.layout import Layout
+from .base import DistArrayBase
 
 __all__ = ["fft2", "ifft2", "fftn3", "ifftn3", "fftn", "ifftn", "fft_layouts"]
 
@@ -62,9 +63,7 @@ def fft_layouts(layout):
 
 
 def _check(a, what, ndim=None, mesh_ndim=None, layout=None):
-    from .distarray import DistArray
-
-    if not isinstance(a, DistArray):
+    if not isinstance(a, DistArrayBase):
         raise TypeError(f"{what}: expected a DistArray, found {type(a).__name__}")
     if a.ndim == 0:
         raise ShapeError(f"{what}: a 0-dimensional array has no dim to transform")
@@ -85,8 +84,7 @@ def _check(a, what, ndim=None, mesh_ndim=None, layout=None):
 
 
 def _transform(a, inverse, norm, out_layout):
-    from .distarray import DistArray
-
+    DistArray = type(a)
     xp = array_module(a.local)
     fn = xp.fft.ifftn if inverse else xp.fft.fftn
     local, owned = a.local, False

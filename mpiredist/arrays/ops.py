@@ -39,6 +39,7 @@ import numpy as np
 from ..core.backend import array_module
 from ..core.errors import LayoutError, MpiredistError, ShapeError
 from ..core.layout import Layout
+from .base import DistArrayBase
 
 __all__ = ["OperandError", "array_ufunc", "elementwise", "sum", "mean", "min", "max", "reduce",
            "OPERATORS", "result_layout"]
@@ -69,8 +70,8 @@ _LINEAR_WITH_SCALAR = {np.multiply: (0, 1), np.true_divide: (0,)}
 
 
 def _distarray_type():
-    from .distarray import DistArray
-    return DistArray
+    """The base class every DistArray derives from (results keep the operand's class)."""
+    return DistArrayBase
 
 
 def _is_scalar(x):
@@ -143,7 +144,7 @@ def array_ufunc(self, ufunc, method, *inputs, **kwargs):
     out = ufunc(*args, **kwargs)
     outs = out if ufunc.nout > 1 else (out,)
     # A 0-d block comes back as a scalar: keep blocks arrays.
-    wrapped = tuple(DistArray(xp.asarray(o), ref.shape, ref.layout, ref.mesh) for o in outs)
+    wrapped = tuple(type(ref)(xp.asarray(o), ref.shape, ref.layout, ref.mesh) for o in outs)
     return wrapped if ufunc.nout > 1 else wrapped[0]
 
 
@@ -281,7 +282,7 @@ def _reduce(a, axis, op, keepdims, dtype, what):
         else:
             out = fn(local, axis=dims, keepdims=keepdims)
     out = xp.asarray(out)   # 0-d results come back as scalars
-    return DistArray(out, shape, layout, a.mesh)
+    return type(a)(out, shape, layout, a.mesh)
 
 
 def sum(a, axis=None, dtype=None, out=None, keepdims=False):
@@ -333,7 +334,7 @@ def mean(a, axis=None, dtype=None, out=None, keepdims=False):
     xp = array_module(s.local)
     with np.errstate(invalid="ignore", divide="ignore"):   # count 0: nan, as numpy
         local = xp.true_divide(s.local, count, dtype=s.local.dtype)
-    return DistArray(xp.asarray(local), s.shape, s.layout, s.mesh)
+    return type(s)(xp.asarray(local), s.shape, s.layout, s.mesh)
 
 
 def _no_out(out, what):
@@ -369,5 +370,5 @@ def reduce(a, dst=None, **kwargs):
     # without partial axes ("[{}] max{x}" -> "[{}]" fails): ask for the
     # target with the source's op, hand back the plain layout.
     out = a.redistribute(Layout(dst.dims, (), a.layout.op), **kwargs)
-    return DistArray(out.local, out.shape, dst, out.mesh)
+    return type(out)(out.local, out.shape, dst, out.mesh)
 

@@ -240,7 +240,8 @@ class Raw:
         self.op, self.comm, self.send, self.recv = op, comm, send, recv
         self.bytes_sent, self._mpi = bytes_sent, mpi
 
-    def run(self):
+    def run(self, local=None, records=None):
+        """One bare collective (``local`` and ``records`` are ignored)."""
         c, MPI = self.comm, self._mpi
         if self.op == "Alltoall":
             c.Alltoall(self.send, self.recv)
@@ -340,7 +341,7 @@ def _plans(entry, strategies, dtype):
                 from .xla import xla_plan
                 plans[s] = xla_plan(c.id, c.shape, dtype)
             elif s in INPLACE:
-                plans[s] = _in_place_plan(c, dtype, donate=s == "donated")
+                plans[s] = planner.plan(c.shape, dtype, c.mesh, c.src, c.dst, "collectives")
             else:
                 plans[s] = planner.plan(c.shape, dtype, c.mesh, c.src, c.dst, s)
         except MpiredistError as exc:
@@ -352,16 +353,6 @@ def _plans(entry, strategies, dtype):
             skipped["raw"] = "no collectives plan to size it from"
     runnable = [s for s in strategies if s in plans]
     return plans, runnable, {s: skipped[s] for s in strategies if s in skipped}
-
-
-def _in_place_plan(c, dtype, donate):
-    """The plan :func:`mpiredist.redistribute` runs in one buffer: the default
-    one, or without exchange steps where one of them cannot run in place."""
-    from ..planning.budget import assess, in_place_plan
-
-    plan = planner.plan(c.shape, dtype, c.mesh, c.src, c.dst, "collectives")
-    return in_place_plan(plan, assess(plan, donate), donate, None, lambda: planner.plan(
-        c.shape, dtype, c.mesh, c.src, c.dst, "collectives", allow_exchange=False))[0]
 
 
 def _agree(comm, names):
@@ -380,40 +371,26 @@ def _limit(name, s, t, workspace):
     return (max(0, t - s) if name == "donated" else max(s, t)) + workspace
 
 
-def _runner(name, plan, src, mc, raw):
-    """``(prepare, call, plan run, executor)`` for strategy ``name``.
+def _runner(name, plan, src, mesh, raw):
+    """``(prepare, transfer or raw, plan run, executor)`` for strategy ``name``.
 
-    ``call(prepare(), records)`` runs it once.  ``prepare`` (not timed)
-    returns the block the call gets: ``src`` itself, or for ``donated`` a
-    fresh copy that the call may resize and overwrite.  ``collectives`` and
-    ``xla`` run as :func:`mpiredist.redistribute` would run their plans
-    (:func:`mpiredist.planning.budget.choose`): out of place when that fits the
-    memory contract, else in one buffer (``collectives`` then runs its plan
-    without exchange steps); ``replicate`` and ``direct`` run out of place.
+    Every strategy but ``raw`` runs through a
+    :class:`~mpiredist.runtime.transfer.Transfer` of its plan, exactly as
+    :func:`mpiredist.redistribute` would run it (the Transfer chooses the
+    executor from the plan and the memory contract), except that ``inplace``
+    forces one buffer and ``donated`` donates.  ``prepare`` (not timed)
+    returns the block a run gets: ``src`` itself, or for ``donated`` a fresh
+    copy that the run may resize and overwrite.
     """
-    from ..planning.budget import choose, default_workspace
-    from ..runtime.executor import execute
-    from ..runtime.executor_inplace import execute_inplace
+    from ..runtime.transfer import Transfer
 
     if name == "raw":
-        return (lambda: None), (lambda a, records=None: raw.run()), None, "raw MPI"
-    if name in INPLACE:
-        donate, w = name == "donated", default_workspace(plan)
-        prepare = (lambda: src.copy(order="C")) if donate else (lambda: src)
-        return prepare, (lambda a, records=None: execute_inplace(
-            plan, a, mc, donate, w, records)), plan, "in place"
-    if name in ("collectives", "xla"):
-        replan = (lambda: planner.plan(plan.global_shape, plan.dtype, plan.mesh, plan.src,
-                                       plan.dst, "collectives", allow_exchange=False))
-        choice = choose(plan, without_exchange=replan if name == "collectives" else None)
-        if choice.inplace:
-            w = choice.budget.workspace
-            return (lambda: src), (lambda a, records=None: execute_inplace(
-                choice.plan, a, mc, False, w, records)), choice.plan, choice.executor
-        return (lambda: src), (lambda a, records=None: execute(
-            plan, a, mc, records, choice.slack)), plan, choice.executor
-    return (lambda: src), (lambda a, records=None: execute(plan, a, mc, records)), plan, \
-        "out of place"
+        return (lambda: None), raw, None, "raw MPI"
+    donate = name == "donated"
+    t = Transfer.agreed(mesh, plan, donate, None, one_buffer=name == "inplace")
+    prepare = (lambda: src.copy(order="C")) if donate else (lambda: src)
+    kept = t._choices["given" if donate else "kept"]
+    return prepare, t, kept.plan, "in place" if kept.inplace else "out of place"
 
 
 def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
@@ -440,7 +417,7 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
             runs, executors = {}, {}
             raw = make_raw(plans["collectives"], mc) if "raw" in names else None
             for n in names:
-                prepare, call, ran, executors[n] = _runner(n, plans.get(n), src, mc, raw)
+                prepare, call, ran, executors[n] = _runner(n, plans.get(n), src, mesh, raw)
                 runs[n] = prepare, call
                 if ran is not None:
                     plans[n] = ran
@@ -449,7 +426,7 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
                 prepare, call = runs[n]
                 records, a = [], prepare()
                 comm.Barrier()
-                out = call(a, records)
+                out = call.run(a, records=records)   # a: the only name
                 correct[n] = raw.check() if n == "raw" else _same(out, expected)
                 sent[n] = raw.bytes_sent if n == "raw" else sum(r.bytes_sent for r in records)
                 del out, a
@@ -462,7 +439,7 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
                 gc.collect()
                 comm.Barrier()
                 with traced_peak() as e:
-                    out = call(a)
+                    out = call.run(a)
                 del out, a
                 peak[n] = e.bytes
                 over[n] = int(e.bytes > limit[n])
@@ -477,13 +454,16 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
                     a = prepare()
                     comm.Barrier()
                     t0 = time.perf_counter()
-                    out = call(a)
+                    out = call.run(a)
                     times[i, r] = time.perf_counter() - t0
                     if r == repeats - 1 and names[i] != "raw":
                         correct[names[i]] &= _same(out, expected)
                     del out, a
                     _tick(progress, entry, names[i])
             comm.Barrier()
+            for n in names:
+                if n != "raw":
+                    runs[n][1].free()
     worst = np.empty_like(times)
     comm.Allreduce(times, worst, op=MPI.MAX)
     ints = np.array([[sent[n], peak[n], int(not correct[n]), limit[n], over[n]]

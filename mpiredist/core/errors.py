@@ -15,6 +15,7 @@ __all__ = [
     "RemoteError",
     "CommunicationError",
     "BudgetWarning",
+    "DonationWarning",
 ]
 
 
@@ -52,3 +53,11 @@ class CommunicationError(MpiredistError, RuntimeError):
 
 class BudgetWarning(ResourceWarning):
     """A redistribution will allocate more than its workspace budget allows."""
+
+
+class DonationWarning(BudgetWarning):
+    """A donated block could not be reused on some rank; the call copied instead.
+
+    Every rank then runs as if not donated (the source is left as it was),
+    so the donated memory bound does not apply to that call.
+    """

@@ -11,9 +11,11 @@ waiting in a collective that its peers never enter.
 
 import hashlib
 
-from ..core.errors import MismatchError, RemoteError
+from ..core.errors import MismatchError, RemoteError, ShapeError
+from ..core.mesh import Mesh
+from .comm import base_comm, mpi
 
-__all__ = ["raise_together", "fingerprint", "agree_on"]
+__all__ = ["raise_together", "fingerprint", "agree_on", "agree_flags", "check_together"]
 
 
 def raise_together(comm, error, what="mpiredist"):
@@ -36,26 +38,42 @@ def agree_on(comm, what, error=None, **values):
     ``what`` names the call in the message; ``error`` is this rank's own
     validation error, combined into the same exchange.
     """
+    agree_flags(comm, what, error, values)
+
+
+def agree_flags(comm, what, error=None, same=None, every=None):
+    """One small collective: raise together, or return the AND of ``every``.
+
+    ``same`` (a dict) must be equal on every rank, else every rank raises
+    :class:`MismatchError`; ``error`` (this rank's exception or None) is
+    raised on its rank and a :class:`RemoteError` on the others.  ``every``
+    (a dict of booleans) comes back as ``{key: true on every rank}``: the
+    facts that decide a path every rank must take alike.
+    """
+    every = dict(every or {})
+    mine = {k: str(v) for k, v in (same or {}).items()}
     if comm is None or comm.Get_size() == 1:
         if error is not None:
             raise error
-        return
-    mine = {k: str(v) for k, v in values.items()}
-    if _all_fine(comm, error, mine):
-        return
+        return every
+    ok, flags = _all_fine(comm, error, mine, list(every.values()))
+    if ok:
+        return dict(zip(every, flags))
     text = None if error is None else f"{type(error).__name__}: {error}"
     gathered = comm.allgather((text, mine))      # slow path: find the culprit
     raise_together_from(gathered, error, what, comm.Get_rank())
+    raise AssertionError("unreachable: ranks disagreed but nothing was raised")
 
 
-def _all_fine(comm, error, mine):
-    """One Allreduce: no rank has an error and all fingerprints are equal."""
+def _all_fine(comm, error, mine, every=()):
+    """One Allreduce: no rank has an error, all fingerprints are equal, and
+    which of the ``every`` flags hold on every rank."""
     import numpy as np
     from mpi4py import MPI
     h = int(fingerprint(*sorted(mine.items())), 16) >> 2
-    flags = np.array([error is not None, h, -h], dtype=np.int64)
+    flags = np.array([error is not None, h, -h, *(not f for f in every)], dtype=np.int64)
     comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
-    return flags[0] == 0 and flags[1] == -flags[2]
+    return flags[0] == 0 and flags[1] == -flags[2], [not f for f in flags[3:]]
 
 
 def raise_together_from(gathered, error, what, rank):
@@ -72,3 +90,34 @@ def raise_together_from(gathered, error, what, rank):
             if vals.get(key) != ref[key]:
                 raise MismatchError(f"{what}: ranks disagree on {key}: rank 0 has "
                                     f"{ref[key]}, rank {r} has {vals.get(key)}")
+
+
+def check_together(what, mesh, body, every=None):
+    """Run ``body(mesh, rank) -> (result, values)`` on every rank; raise together.
+
+    Any problem on any rank -- a bad mesh, a ValueError from validation, or
+    an argument of the wrong type -- raises on every rank (one small
+    collective), so that no rank is left waiting in a later collective;
+    ``values`` must be equal on every rank.  ``every``, if given, is a
+    callable ``result -> dict of bool`` whose AND over ranks comes back; it
+    gets ``None`` on a rank whose ``body`` failed and must return the same
+    keys then.
+    Returns ``(mesh, result)``, or ``(mesh, result, flags)`` with ``every``.
+    """
+    try:
+        mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
+        comm = base_comm(mesh)
+    except ValueError as exc:
+        agree_on(mpi().COMM_WORLD, what, exc)
+        raise
+    rank = comm.Get_rank()
+    result, values, error = None, {}, None
+    try:
+        result, values = body(mesh, rank)
+    except ValueError as exc:
+        error = exc
+    except (TypeError, AttributeError) as exc:
+        error = ShapeError(f"rank {rank}: {what}: argument of the wrong type: {exc}")
+    # every rank sends the same flags, also a rank whose body failed (result None)
+    flags = agree_flags(comm, what, error, values, every(result) if every is not None else {})
+    return (mesh, result, flags) if every is not None else (mesh, result)

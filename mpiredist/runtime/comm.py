@@ -10,7 +10,7 @@ index over the group (first sub-axis major).
 from ..core.errors import MeshError
 from ..core.subaxes import rank_digits
 
-__all__ = ["MeshComm", "mpi", "mesh_comm", "check_size"]
+__all__ = ["MeshComm", "mpi", "mesh_comm", "check_size", "base_comm"]
 
 
 def mpi():
@@ -21,6 +21,11 @@ def mpi():
         raise ImportError("mpi4py is required to run plans: pip install mpi4py "
                           "(or mpiredist[mpich] for a self-contained MPICH)") from exc
     return MPI
+
+
+def base_comm(mesh):
+    """The communicator of ``mesh``: its own, or ``MPI.COMM_WORLD``."""
+    return mesh.comm if mesh.comm is not None else mpi().COMM_WORLD
 
 
 def check_size(mesh, comm):
@@ -53,6 +58,9 @@ class MeshComm:
         self.rank = self.comm.Get_rank()
         self.digits = rank_digits(mesh, self.rank)
         self._subs = {}
+        # Transfers that mpiredist.redistribute keeps for this mesh (bounded
+        # there), most recently used last; freed with the communicators.
+        self.transfers = {}
 
     def sub(self, group):
         """The sub-communicator over the sub-axes ``group`` (collective, cached)."""
@@ -68,7 +76,10 @@ class MeshComm:
         return self._subs[group]
 
     def free(self):
-        """Free every communicator this object created."""
+        """Free every communicator this object created (and the cached Transfers)."""
+        for t in self.transfers.values():
+            t.free()
+        self.transfers.clear()
         for c in self._subs.values():
             c.Free()
         self._subs.clear()

@@ -31,159 +31,93 @@ exchange the receivers come from :func:`mpiredist.planning.routing.exchange_send
 import itertools
 import math
 import time
-from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
 from ..core.backend import array_module, synchronize
-from ..core.blocks import overlap, rank_block
-from .comm import mpi
-from ..planning.budget import MARGIN, assess
-from .packing import (contiguous_box, exchange_peers, exchange_sides, flat_offset, group_sides,
-                      move)
+from ..core.blocks import rank_block
 from ..core.errors import CommunicationError
-from ..core.subaxes import rank_digits
-from ..planning.routing import (exchange_recvs, exchange_sends, member_digits, permute_dest,
-                      permute_source)
+from ..planning.budget import MARGIN, assess
+from ..planning.routing import member_digits, permute_dest, permute_source
+from .context import Context, Region, StepRecord, c_contiguous, relative, volume
+from .packing import exchange_peers, group_sides, move
 
-__all__ = ["execute", "Region", "StepRecord"]
-
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """What one step did on this rank: bytes sent to other ranks, time."""
-
-    op: str
-    bytes_sent: int
-    seconds: float
+__all__ = ["execute", "run_steps", "run_step", "after_slice", "mpi_op", "Region", "StepRecord"]
 
 
-class Region:
-    """A box (``starts``, ``shape``) of a C-contiguous ``base`` array."""
-
-    __slots__ = ("base", "starts", "shape")
-
-    def __init__(self, base, starts=None, shape=None):
-        self.base = base
-        self.starts = tuple(starts) if starts is not None else (0,) * base.ndim
-        self.shape = tuple(shape) if shape is not None else tuple(base.shape)
-
-    @property
-    def whole(self):
-        return self.shape == tuple(self.base.shape)
-
-    def view(self):
-        return self.base[tuple(slice(s, s + n) for s, n in zip(self.starts, self.shape))]
-
-    def sub(self, starts, shape):
-        """The box at ``starts`` (relative to this one) of ``shape``."""
-        return Region(self.base, [a + b for a, b in zip(self.starts, starts)], shape)
-
-    def __repr__(self):
-        return f"Region(base{tuple(self.base.shape)}, starts={self.starts}, shape={self.shape})"
-
-
-class _Context:
-    """Per-call state: communicators, element datatype, counters."""
-
-    def __init__(self, plan, mc, xp):
-        self.plan, self.mc, self.xp = plan, mc, xp
-        self.MPI = mpi()
-        self.itemsize = plan.dtype.itemsize
-        self.elem = self.MPI.BYTE.Create_contiguous(self.itemsize).Commit()
-        self.types = []
-        self.reserved = None    # callable shape -> array for the next output
-        self.slack = 0          # bytes the budget leaves for pack buffers
-        self.sliced = False     # the block is a strided slice of a larger one (from the plan)
-
-    def subarray(self, region, box=None):
-        """``(count, datatype)`` for ``box`` (global coords) inside ``region``."""
-        if box is None:
-            rel, shape = (0,) * len(region.shape), region.shape
-        else:
-            rel, shape = box
-        if math.prod(shape) == 0:
-            return 0, self.elem
-        if not region.base.ndim:
-            return 1, self.elem
-        starts = [a + b for a, b in zip(region.starts, rel)]
-        t = self.elem.Create_subarray(list(region.base.shape), list(shape), starts).Commit()
-        self.types.append(t)
-        return 1, t
-
-    def piece(self, region, box):
-        """``(count, byte displacement, datatype)`` of ``box`` inside ``region``.
-
-        A box that is one contiguous run of the base array goes as plain
-        bytes at an offset (fast in MPICH); any other as a subarray type.
-        """
-        rel, shape = box
-        starts = [a + b for a, b in zip(region.starts, rel)]
-        full = region.base.shape
-        if math.prod(shape) and contiguous_box(full, starts, shape):
-            offset = flat_offset(full, starts) * self.itemsize
-            return math.prod(shape) * self.itemsize, offset, self.MPI.BYTE
-        count, t = self.subarray(region, box)
-        return count, 0, t
-
-    def whole(self, region):
-        """Buffer spec of all of ``region``: plain bytes when it is contiguous in memory.
-
-        MPICH moves a subarray datatype much slower than the same bytes
-        given as a contiguous buffer, even when the subarray is contiguous.
-        """
-        view = region.view()
-        if _c_contiguous(view):
-            return [view, view.size * self.itemsize, self.MPI.BYTE]
-        count, t = self.subarray(region)
-        return [region.base, count, t]
-
-    def free_types(self):
-        for t in self.types:
-            t.Free()
-        self.types.clear()
-
-    def free(self):
-        self.free_types()
-        self.elem.Free()
-
-
-def execute(plan, local, mc, records=None, slack=None):
+def execute(plan, local, mc, records=None, slack=None, ctx=None, out=None):
     """Run ``plan`` on this rank's block ``local``; return the target block.
 
     ``local`` is never written.  ``mc`` is the mesh's
-    :class:`~mpiredist.runtime.comm.MeshComm`.  ``slack`` is how many bytes of pack
-    buffer the memory budget allows on top of the outputs (default: what the
-    default workspace leaves, see :mod:`mpiredist.planning.budget`).  If ``records`` is a list, one
-    :class:`StepRecord` per step is appended to it.
+    :class:`~mpiredist.runtime.comm.MeshComm`.  ``slack`` is how many bytes
+    of pack buffer the memory budget allows on top of the outputs (default:
+    what the default workspace leaves, see :mod:`mpiredist.planning.budget`).
+    ``ctx`` is the :class:`~mpiredist.runtime.context.Context` of the
+    Transfer that runs the plan (its routing is kept between runs); without
+    one a temporary context is made and freed.  ``out``, if given, is a
+    C-contiguous array of the target block's shape that receives the result.
+    If ``records`` is a list, one :class:`StepRecord` per step is appended.
     """
-    xp = array_module(local)
-    if not _c_contiguous(local):
-        local = xp.ascontiguousarray(local)
-    region = Region(local)
-    ctx = _Context(plan, mc, xp)
+    own = ctx is None
+    if own:
+        ctx = Context(plan, mc, array_module(local))
     if slack is None:
         fits = assess(plan)
         slack = fits.limit - fits.out_of_place_peak
-    ctx.slack = max(0, slack - MARGIN)
+    ctx.slack, ctx.sliced = max(0, slack - MARGIN), False
     try:
-        for step in plan.steps:
-            t0 = time.perf_counter()
-            try:
-                region, sent = _RUN[step.op](ctx, step, region)
-                ctx.sliced = after_slice(ctx.sliced, step)
-            except ctx.MPI.Exception as exc:
-                raise CommunicationError(f"MPI failed in step {step}: {exc}") from exc
-            finally:
-                ctx.free_types()
-            if records is not None:
-                records.append(StepRecord(step.op, int(sent), time.perf_counter() - t0))
+        if not c_contiguous(local):
+            local = ctx.xp.ascontiguousarray(local)
+        region = run_steps(ctx, Region(local), range(len(plan.steps)), records, out)
     finally:
-        ctx.free()
+        if own:
+            ctx.free()
+    return _result(region, local, out)
+
+
+def _result(region, local, out):
+    if out is not None:
+        if region.base is not out:
+            out[...] = region.view()
+        return out
     if region.whole and region.base is not local:
         return region.base
     return region.view().copy()     # never hand back a view of the caller's buffer
+
+
+def run_steps(ctx, region, indices, records=None, out=None):
+    """Run the plan's steps ``indices`` on ``region``; return the last region.
+
+    When the last step communicates, it writes straight into ``out`` (if given).
+    """
+    steps = ctx.plan.steps
+    last = indices[-1] if len(indices) and steps[indices[-1]].op != "slice" else None
+    for i in indices:
+        t0 = time.perf_counter()
+        into = (lambda shape: out) if out is not None and i == last else None
+        region, sent = run_step(ctx, i, region, into)
+        if records is not None:
+            records.append(StepRecord(steps[i].op, int(sent), time.perf_counter() - t0))
+    return region
+
+
+def run_step(ctx, index, region, into=None):
+    """Run step ``index`` of the plan on ``region``; return ``(region, bytes sent)``.
+
+    ``into``, if given, is a callable ``shape -> array`` that provides the
+    step's output buffer (the one-buffer executor passes its own buffer).
+    MPI failures become :class:`CommunicationError` naming the step.
+    """
+    step = ctx.plan.steps[index]
+    ctx.current = index
+    try:
+        region, sent = _RUN[step.op](ctx, index, region, into)
+        ctx.sliced = after_slice(ctx.sliced, step)
+        return region, sent
+    except ctx.MPI.Exception as exc:
+        raise CommunicationError(f"MPI failed in step {step}: {exc}") from exc
+    finally:
+        ctx.free_types()
 
 
 def after_slice(sliced, step):
@@ -199,51 +133,36 @@ def after_slice(sliced, step):
     return sliced or len(dims) > 1 or any(n > 1 for n in step.local_shape_before[:first])
 
 
-def _c_contiguous(a):
-    return a.flags["C_CONTIGUOUS"] if hasattr(a.flags, "__getitem__") else a.flags.c_contiguous
-
-
 def _block(ctx, layout, digits):
     return rank_block(ctx.plan.global_shape, layout, digits)
 
 
-def _rel(box, outer):
-    """``(starts, shape)`` of global ``box`` relative to the block ``outer``."""
-    return (tuple(lo - o for (lo, _), (o, _) in zip(box, outer)),
-            tuple(hi - lo for lo, hi in box))
+def _new(ctx, shape, into):
+    if into is not None:
+        return into(tuple(shape))
+    return ctx.new_array(shape)
 
 
-def _volume(box):
-    return math.prod(hi - lo for lo, hi in box)
+def _empty(ctx, block, into):
+    return _new(ctx, tuple(hi - lo for lo, hi in block), into)
 
 
-def _empty(ctx, block):
-    """A new output block, or the buffer the in-place executor reserved for it."""
-    return _new(ctx, tuple(hi - lo for lo, hi in block))
-
-
-def _new(ctx, shape):
-    if ctx.reserved is not None:
-        out, ctx.reserved = ctx.reserved(shape), None
-        return out
-    return ctx.xp.empty(shape, dtype=ctx.plan.dtype)
-
-
-def _slice(ctx, step, region):
-    digits = ctx.mc.digits
+def _slice(ctx, index, region, into=None):
+    step, digits = ctx.plan.steps[index], ctx.mc.digits
     before, after = _block(ctx, step.before, digits), _block(ctx, step.after, digits)
-    starts, shape = _rel(after, before)
+    starts, shape = relative(after, before)
     if not math.prod(shape):            # an empty block need not lie inside the old one
-        return Region(_empty(ctx, after)), 0
+        return Region(ctx.xp.empty(shape, dtype=ctx.plan.dtype)), 0
     return region.sub(starts, shape), 0
 
 
-def _group_move(ctx, step, region):
+def _group_move(ctx, index, region, into):
     """All-gather or all-to-all in the group: each member gets before & after."""
+    step = ctx.plan.steps[index]
     comm = ctx.mc.sub(step.axes)
-    out = Region(_empty(ctx, _block(ctx, step.after, ctx.mc.digits)))
-    pieces_out, pieces_in, sent = _group_pieces(ctx.plan, step, ctx.mc.rank)
-    if step.op == "all_gather" and _gather_is_concat(ctx, step, region, out):
+    out = Region(_empty(ctx, _block(ctx, step.after, ctx.mc.digits), into))
+    pieces_out, pieces_in, sent = ctx.group_pieces(index)
+    if step.op == "all_gather" and _gather_is_concat(step):
         _allgatherv(ctx, comm, region, out, pieces_in)
     else:
         move(ctx, comm, region, out, pieces_out, pieces_in, comm.Get_size() - 1,
@@ -251,11 +170,8 @@ def _group_move(ctx, step, region):
     return out, sent * ctx.itemsize
 
 
-def _gather_is_concat(ctx, step, region, out):
-    """True if the gathered blocks lie one after another in ``out``.
-
-    Decided from the plan alone, so that all members take the same path.
-    """
+def _gather_is_concat(step):
+    """True if the gathered blocks lie one after another in the output (from the plan)."""
     (d,) = step.dims
     return all(n == 1 for n in step.local_shape_after[:d])
 
@@ -276,23 +192,20 @@ def _allgatherv(ctx, comm, region, out, pieces_in):
     comm.Allgatherv(send, [out.base, counts, displs, ctx.MPI.BYTE])
 
 
-def _mpi_op(ctx):
+def mpi_op(ctx):
+    """The MPI reduction of the plan's partial op (logical for bool)."""
     op, MPI = ctx.plan.src.op, ctx.MPI
     if ctx.plan.dtype == np.bool_:
         return {"sum": MPI.LOR, "max": MPI.LOR, "min": MPI.LAND, "prod": MPI.LAND}[op]
     return {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}[op]
 
 
-def _typed(ctx):
-    """The predefined MPI datatype of the plan's dtype (reductions need one)."""
-    return ctx.MPI._typedict[ctx.plan.dtype.char]
-
-
 def _contiguous(ctx, region):
     return region.base if region.whole else ctx.xp.ascontiguousarray(region.view())
 
 
-def _reduce_scatter(ctx, step, region):
+def _reduce_scatter(ctx, index, region, into):
+    step = ctx.plan.steps[index]
     comm, digits = ctx.mc.sub(step.axes), ctx.mc.digits
     (j,) = step.dims
     mine_b = _block(ctx, step.before, digits)
@@ -300,102 +213,68 @@ def _reduce_scatter(ctx, step, region):
     parts, counts = [], []
     for m in range(comm.Get_size()):
         box = _block(ctx, step.after, member_digits(digits, step.axes, m))
-        starts, shape = _rel(box, mine_b)
-        index = tuple(slice(s, s + n) for s, n in zip(starts, shape))
-        parts.append(src[index])
+        starts, shape = relative(box, mine_b)
+        index_ = tuple(slice(s, s + n) for s, n in zip(starts, shape))
+        parts.append(src[index_])
         counts.append(math.prod(shape))
     outer = all(n == 1 for n in region.shape[:j])
     if outer and region.whole:
         packed = region.base
     else:                                   # one pack buffer, each part copied once
-        packed = ctx.xp.empty(sum(counts), dtype=ctx.plan.dtype)
+        packed = ctx.scratch(sum(counts))
         offset = 0
         for part, n in zip(parts, counts):
             packed[offset:offset + n].reshape(part.shape)[...] = part
             offset += n
-    out = _empty(ctx, _block(ctx, step.after, digits))
+    out = _empty(ctx, _block(ctx, step.after, digits), into)
     synchronize(packed)
-    typed = _typed(ctx)
-    comm.Reduce_scatter([packed, typed], [out, typed], counts, _mpi_op(ctx))
+    typed = ctx.typed()
+    comm.Reduce_scatter([packed, typed], [out, typed], counts, mpi_op(ctx))
     me = comm.Get_rank()
     sent = sum(c for m, c in enumerate(counts) if m != me)
     return Region(out), sent * ctx.itemsize
 
 
-def _all_reduce(ctx, step, region):
+def _all_reduce(ctx, index, region, into):
+    step = ctx.plan.steps[index]
     comm = ctx.mc.sub(step.axes)
     src = _contiguous(ctx, region)
-    out = _new(ctx, src.shape)
+    out = _new(ctx, src.shape, into)
     synchronize(src)
-    typed = _typed(ctx)
-    comm.Allreduce([src, typed], [out, typed], _mpi_op(ctx))
+    typed = ctx.typed()
+    comm.Allreduce([src, typed], [out, typed], mpi_op(ctx))
     g = comm.Get_size()
     return Region(out), 2 * out.size * (g - 1) // g * ctx.itemsize
 
 
-def _permute(ctx, step, region):
-    mc, plan = ctx.mc, ctx.plan
+def _permute(ctx, index, region, into):
+    step, mc, plan = ctx.plan.steps[index], ctx.mc, ctx.plan
     dest = permute_dest(plan.mesh, step.before, step.after, mc.digits)
     source = permute_source(plan.mesh, step.before, step.after, mc.digits)
     if dest == mc.rank and source == mc.rank:
-        return region, 0
-    out = Region(_empty(ctx, _block(ctx, step.after, mc.digits)))
+        if into is None:
+            return region, 0
+        out = Region(_new(ctx, region.shape, into))
+        out.base[...] = region.view()
+        return out, 0
+    out = Region(_empty(ctx, _block(ctx, step.after, mc.digits), into))
     send = ctx.whole(region)
     synchronize(region.base)
     mc.comm.Sendrecv(send, dest,
                      recvbuf=[out.base, out.base.size * ctx.itemsize, ctx.MPI.BYTE],
                      source=source)
-    sent = _volume(_block(ctx, step.before, mc.digits)) if dest != mc.rank else 0
+    sent = volume(_block(ctx, step.before, mc.digits)) if dest != mc.rank else 0
     return out, sent * ctx.itemsize
 
 
-def _exchange(ctx, step, region):
-    mc, plan = ctx.mc, ctx.plan
-    out = Region(_empty(ctx, _block(ctx, step.after, mc.digits)))
-    pieces_out, pieces_in = _exchange_pieces(plan, step, mc.rank)
+def _exchange(ctx, index, region, into):
+    step, mc = ctx.plan.steps[index], ctx.mc
+    out = Region(_empty(ctx, _block(ctx, step.after, mc.digits), into))
+    pieces_out, pieces_in = ctx.exchange_pieces(index)
     sent = sum(math.prod(s) for r, (_, s) in pieces_out.items() if r != mc.rank)
-    move(ctx, mc.comm, region, out, pieces_out, pieces_in, exchange_peers(plan, step),
-         exchange_sides(plan, step, not ctx.sliced))
+    move(ctx, mc.comm, region, out, pieces_out, pieces_in, exchange_peers(ctx.plan, step),
+         ctx.exchange_sides(index, not ctx.sliced))
     return out, sent * ctx.itemsize
-
-
-@lru_cache(maxsize=64)
-def _group_pieces(plan, step, rank):
-    """``(pieces_out, pieces_in, elements sent)`` of ``rank`` in a group step,
-    keyed by member index; cached like :func:`_exchange_pieces`."""
-    shape, digits = plan.global_shape, rank_digits(plan.mesh, rank)
-    mine_b, mine_a = rank_block(shape, step.before, digits), rank_block(shape, step.after, digits)
-    pieces_out, pieces_in, sent = {}, {}, 0
-    for m in range(step.group_size):
-        other = member_digits(digits, step.axes, m)
-        box = overlap(mine_b, rank_block(shape, step.after, other))
-        if box is not None:
-            pieces_out[m] = _rel(box, mine_b)
-            sent += _volume(box) if other != digits else 0
-        box = overlap(rank_block(shape, step.before, other), mine_a)
-        if box is not None:
-            pieces_in[m] = _rel(box, mine_a)
-    return pieces_out, pieces_in, sent
-
-
-@lru_cache(maxsize=64)
-def _exchange_pieces(plan, step, rank):
-    """``(pieces_out, pieces_in)`` of ``rank`` in an exchange step, relative boxes.
-
-    Cached: the routing is Python over the mesh (150 ms for an all-to-all
-    shaped exchange at 4096 ranks), and a plan usually runs many times.
-    """
-    mesh, shape = plan.mesh, plan.global_shape
-    digits = rank_digits(mesh, rank)
-    mine_b, mine_a = rank_block(shape, step.before, digits), rank_block(shape, step.after, digits)
-    pieces_out = {r: _rel(box, mine_b)
-                  for r, box in exchange_sends(mesh, shape, step.before, step.after, digits)}
-    pieces_in = {}
-    for r, box in exchange_recvs(mesh, shape, step.before, step.after, digits):
-        if r == rank:
-            pieces_out[r] = _rel(box, mine_b)
-        pieces_in[r] = _rel(box, mine_a)
-    return pieces_out, pieces_in
 
 
 _RUN = {"slice": _slice, "all_gather": _group_move, "all_to_all": _group_move,

@@ -33,48 +33,52 @@ import time
 
 import numpy as np
 
-from . import executor
-from . import packing
-from ..planning.budget import frame_shape, inplace_reason
 from ..core.errors import CommunicationError
-from .executor import Region, StepRecord, _rel
+from ..planning.budget import frame_shape, inplace_reason
+from ..planning.routing import member_digits, permute_dest, permute_source
+from . import packing
+from .context import Region, StepRecord, relative
+from .executor import mpi_op, run_step
 from .inplace import compact, expand, transpose
 from .packing import contiguous_box, flat_offset
-from ..planning.routing import member_digits, permute_dest, permute_source
-from .workbuffer import WorkBuffer, can_resize
+from .workbuffer import WorkBuffer
 
-__all__ = ["execute_inplace", "can_resize"]
+__all__ = ["execute_inplace"]
 
 
-def execute_inplace(plan, local, mc, donate=False, workspace=1 << 20, records=None):
-    """Run ``plan`` in one buffer; return this rank's target block.
+def execute_inplace(ctx, local, donate=False, workspace=1 << 20, records=None, out=None,
+                    buffer=None):
+    """Run ``ctx.plan`` in one buffer; return this rank's target block.
 
-    With ``donate`` the caller's ``local`` (if it owns its memory) becomes the
+    ``ctx`` is the Transfer's :class:`~mpiredist.runtime.context.Context`.
+    With ``donate`` (agreed by every rank, see
+    :mod:`mpiredist.runtime.donation`) the caller's ``local`` becomes the
     buffer: it is resized and its contents are undefined afterwards.
+    ``out``, if given, receives the result (a copy from the buffer, which
+    may then be ``buffer``, a byte array the Transfer keeps between runs).
     """
-    run = WorkBuffer(plan, local, mc, donate, workspace)
+    run = WorkBuffer(ctx, local, donate, workspace, buffer)
     if records is not None:
         records.extend(run.filled)
-    try:
-        for step in plan.steps[len(run.filled):]:
-            t0 = _now()
-            try:
-                run.reserve(step)
-                if step.op not in ("slice", "permute"):
-                    run.to_front()
-                if inplace_reason(plan, step) is None:
-                    sent = _STEP[step.op](run, step)
-                else:
-                    sent = _out_of_place(run, step)
-            except run.MPI.Exception as exc:
-                raise CommunicationError(f"MPI failed in step {step}: {exc}") from exc
-            finally:
-                run.ctx.free_types()
-            if records is not None:
-                records.append(StepRecord(step.op, int(sent), _now() - t0))
-    finally:
-        run.ctx.free()
-    return run.result()
+    steps = ctx.plan.steps
+    for index in range(len(run.filled), len(steps)):
+        step = steps[index]
+        t0 = _now()
+        run.reserve(step)
+        if step.op not in ("slice", "permute"):
+            run.to_front()
+        try:
+            if inplace_reason(ctx.plan, step) is None:
+                sent = _STEP[step.op](run, step)
+            else:
+                sent = _out_of_place(run, index)
+        except run.MPI.Exception as exc:
+            raise CommunicationError(f"MPI failed in step {step}: {exc}") from exc
+        finally:
+            ctx.free_types()
+        if records is not None:
+            records.append(StepRecord(step.op, int(sent), _now() - t0))
+    return run.result(out)
 
 
 def _now():
@@ -97,7 +101,7 @@ def _strided(run, outer, run_bytes, stride_bytes, extent):
 
 def _slice(run, step):
     """Narrow the block: only its offset moves when the box is one contiguous run."""
-    starts, box = _rel(run.block(step.after), run.block(step.before))
+    starts, box = relative(run.block(step.after), run.block(step.before))
     if contiguous_box(run.shape, starts, box):
         if math.prod(box):
             run.offset += flat_offset(run.shape, starts) * run.itemsize
@@ -224,9 +228,10 @@ def _reduce_scatter(run, step):
     (j,) = step.dims
     comm = run.mc.sub(step.axes)
     g = comm.Get_size()
-    outer = math.prod(run.shape[:j])
+    outer = math.prod(step.local_shape_before[:j])      # from the plan: alike on every rank
     if outer > 1:
         _pad(run, step)
+        outer = math.prod(run.shape[:j])
     shape = run.shape
     inner = math.prod(shape[j + 1:])
     if outer > 1:
@@ -238,9 +243,9 @@ def _reduce_scatter(run, step):
         lengths = [run.block(step.after, member_digits(run.mc.digits, step.axes, m))[j]
                    for m in range(g)]
         counts = [(hi - lo) * inner for lo, hi in lengths]
-    typed = run.ctx.MPI._typedict[run.plan.dtype.char]
+    typed = run.ctx.typed()
     comm.Reduce_scatter(run.MPI.IN_PLACE, [run.buf, sum(counts), typed], counts,
-                        executor._mpi_op(run.ctx))
+                        mpi_op(run.ctx))
     me = comm.Get_rank()
     run.shape = tuple(counts[me] // max(1, outer * inner) if k == j else n
                       for k, n in enumerate(shape))
@@ -251,8 +256,8 @@ def _reduce_scatter(run, step):
 def _all_reduce(run, step):
     comm = run.mc.sub(step.axes)
     n = math.prod(run.shape)
-    typed = run.ctx.MPI._typedict[run.plan.dtype.char]
-    comm.Allreduce(run.MPI.IN_PLACE, [run.buf, n, typed], executor._mpi_op(run.ctx))
+    typed = run.ctx.typed()
+    comm.Allreduce(run.MPI.IN_PLACE, [run.buf, n, typed], mpi_op(run.ctx))
     g = comm.Get_size()
     return 2 * n * (g - 1) // g * run.itemsize
 
@@ -260,11 +265,13 @@ def _all_reduce(run, step):
 def _permute(run, step):
     """Send the block whole to one rank, receive another's.
 
-    Straight into free space of the buffer when there is room beside the
-    block (before it, after a slice, or after it); otherwise in rounds of
-    at most half the workspace, each received through a staging buffer and
-    copied to the front (it never overwrites data not yet sent: the block
-    starts at or after the front).
+    Both ends of a message must agree on its size, so the choice between
+    one message and rounds comes from the plan: straight into free space of
+    the buffer when the largest blocks before and after fit beside each
+    other in a buffer whose size is the same on every rank (not a donated
+    block's own memory); otherwise in rounds of at most half the workspace,
+    each received through a staging buffer and copied to the front (it never
+    overwrites data not yet sent: the block starts at or after the front).
     """
     mc, plan = run.mc, run.plan
     dest = permute_dest(plan.mesh, step.before, step.after, mc.digits)
@@ -272,15 +279,17 @@ def _permute(run, step):
     out = tuple(hi - lo for lo, hi in run.block(step.after))
     if dest == mc.rank and source == mc.rank:
         return 0
-    o, B = run.offset, run.MPI.BYTE
+    B = run.MPI.BYTE
     send = math.prod(run.shape) * run.itemsize
     recv = math.prod(out) * run.itemsize
-    at = 0 if recv <= o else o + send if o + send + recv <= run.buf.size else None
-    if at is not None:
-        mc.comm.Sendrecv([run.buf[o:o + send], send, B], dest,
-                         recvbuf=[run.buf[at:at + recv], recv, B], source=source)
-        run.offset, run.shape = at, out
+    most = (math.prod(step.local_shape_before) + math.prod(step.local_shape_after)) * run.itemsize
+    if run.owner is None and most <= run.buf.size:
+        run.to_front()
+        mc.comm.Sendrecv([run.buf[:send], send, B], dest,
+                         recvbuf=[run.buf[send:send + recv], recv, B], source=source)
+        run.offset, run.shape = send, out
         return send if dest != mc.rank else 0
+    o = run.offset
     rounds = -(-math.prod(step.local_shape_before) * run.itemsize // run.chunk)
     staging = np.empty(min(run.chunk, max(send, recv, 1)), dtype=np.uint8)
     for k in range(rounds):
@@ -293,10 +302,10 @@ def _permute(run, step):
     return send if dest != mc.rank else 0
 
 
-def _out_of_place(run, step):
+def _out_of_place(run, index):
     """A step that cannot run in place: into a new array, then back."""
     region = Region(run.typed(run.shape))
-    new, sent = executor._RUN[step.op](run.ctx, step, region)
+    new, sent = run_step(run.ctx, index, region)
     data = new.view() if not new.whole else new.base
     run.shape = tuple(data.shape)
     np.copyto(run.typed(run.shape), data)

@@ -18,7 +18,6 @@ part that does not fit the buffer goes as a subarray datatype.
 """
 
 import math
-from functools import lru_cache
 
 from ..core.backend import synchronize
 from ..core.blocks import rank_block
@@ -26,7 +25,7 @@ from ..planning.costs import most_met
 from ..planning.routing import exchange_recvs, exchange_sends
 from ..core.subaxes import rank_digits
 
-__all__ = ["move", "parts", "part_limit", "group_sides", "exchange_sides", "exchange_peers",
+__all__ = ["move", "parts", "part_limit", "group_sides", "rank0_sides", "exchange_peers",
            "contiguous_box", "flat_offset", "MIN_PART"]
 
 
@@ -163,7 +162,7 @@ class _Staging:
         if self.used + count > self.room:
             return None
         if self.buffer is None:
-            self.buffer = self.ctx.xp.empty(self.room, dtype=self.ctx.plan.dtype)
+            self.buffer = self.ctx.scratch(self.room)
         view = self.buffer[self.used:self.used + count]
         self.used += count
         return view
@@ -199,21 +198,16 @@ class _Staging:
         return spec, (out.view()[_index(box)], packed.reshape(box[1]))
 
 
-def exchange_sides(plan, step, whole):
-    """How many sides of an exchange pack: 0, 1 or 2, judged on rank 0's pieces.
+def rank0_sides(plan, step):
+    """``(send, recv)``: whether rank 0 has a strided piece to send, to receive.
 
-    Every rank computes the same from the plan (the part size must agree);
-    where another rank's pieces are less contiguous than rank 0's, its
-    parts that do not fit the buffer go as datatypes (slower, never more
-    memory).
+    Every rank judges an exchange's packing on rank 0's pieces, so that all
+    compute the same part size (see :meth:`Context.exchange_sides
+    <mpiredist.runtime.context.Context.exchange_sides>`, which keeps the
+    answer for the life of its Transfer).  Where another rank's pieces are
+    less contiguous than rank 0's, its parts that do not fit the buffer go
+    as datatypes (slower, never more memory).
     """
-    send, recv = _rank0_sides(plan, step)
-    return int(send or not whole) + int(recv)
-
-
-@lru_cache(maxsize=64)
-def _rank0_sides(plan, step):
-    """``(send, recv)``: whether rank 0 has a strided piece to send, to receive (cached)."""
     digits = rank_digits(plan.mesh, 0)
     shape = plan.global_shape
     mine_b = rank_block(shape, step.before, digits)

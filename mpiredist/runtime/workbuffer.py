@@ -12,28 +12,37 @@ import math
 
 import numpy as np
 
-from . import executor
 from ..core.blocks import rank_block
 from ..planning.budget import MARGIN, buffer_bytes, contract_limit, frame_shape
-from .comm import mpi
-from .executor import Region, StepRecord
+from .context import Region, StepRecord
+from .executor import after_slice, run_step
 from .inplace import compact
 
 __all__ = ["WorkBuffer", "can_resize"]
 
 
 def can_resize(array):
-    """True if ``array`` owns a C-contiguous numpy buffer that ``resize`` may grow."""
-    return (isinstance(array, np.ndarray) and array.flags.owndata
-            and array.flags.c_contiguous and array.base is None)
+    """True if ``array`` owns a writeable C-contiguous numpy buffer that ``resize`` may grow.
+
+    Only the array itself is judged here; whether other references to its
+    memory exist is the caller's part (:mod:`mpiredist.runtime.donation`).
+    """
+    return (isinstance(array, np.ndarray) and array.flags.owndata and array.base is None
+            and array.flags.c_contiguous and array.flags.writeable and array.flags.aligned)
 
 
 class WorkBuffer:
     """State of one in-place run: the buffer, the current shape, MPI helpers."""
 
-    def __init__(self, plan, local, mc, donate, workspace):
-        self.plan, self.mc = plan, mc
-        self.MPI = mpi()
+    def __init__(self, ctx, local, donate, workspace, buffer=None):
+        """``donate`` True means the caller's block may become the buffer: every
+        rank has agreed that it can (:mod:`mpiredist.runtime.donation`).
+        ``buffer``, if given, is a byte array of at least the plan's capacity
+        kept by the Transfer between runs (not donated only).
+        """
+        plan = ctx.plan
+        self.plan, self.mc, self.ctx = plan, ctx.mc, ctx
+        self.MPI = ctx.MPI
         self.itemsize = plan.dtype.itemsize
         self.chunk = max(self.itemsize, workspace // 2)
         self.shape = tuple(local.shape)
@@ -42,21 +51,19 @@ class WorkBuffer:
         capacity = buffer_bytes(plan)
         self.capacity, self.workspace = capacity, workspace
         self.limit = contract_limit(plan, donate, workspace)
-        resizable = donate and can_resize(local)
-        fresh = resizable and self._fits(capacity + workspace // 2)
-        self.owner = local if resizable and not fresh else None
-        self.ctx = executor._Context(plan, mc, np)
-        self.ctx.slack = workspace // 2     # pack buffers of a later exchange
+        fresh = donate and self._fits(capacity + workspace // 2)
+        self.owner = local if donate and not fresh else None
+        ctx.slack, ctx.sliced = workspace // 2, False     # pack buffers of a later exchange
         self.filled = []        # records of the steps run while filling the buffer
         if self.owner is not None:
             local.shape = (local.size,)         # grown when a step needs it (reserve)
             self.buf = local.view(np.uint8)
         else:
-            self._fill(local)
+            self._fill(local, buffer)
             if fresh:
                 local.resize(0, refcheck=False)     # donated: give its memory back now
 
-    def _fill(self, local):
+    def _fill(self, local, buffer=None):
         """Allocate the buffer and fill it from the caller's block without copying it whole.
 
         Leading slices only narrow a view of ``local``; the first
@@ -65,30 +72,27 @@ class WorkBuffer:
         leaves beside it.  Only when that step cannot (a reduce-scatter that
         needs packing) is the view copied in.  The buffer holds what that
         step and the later ones need (:func:`_need`), so a result smaller
-        than the source needs no shrinking copy.
+        than the source needs no shrinking copy.  Every size here comes from
+        the plan (the largest block over ranks), so all ranks pack alike.
         """
+        ctx, steps, k = self.ctx, self.plan.steps, 0
         region = Region(np.ascontiguousarray(local))
-        steps, k = self.plan.steps, 0
         while k < len(steps) and steps[k].op == "slice":
-            region, _ = executor._slice(self.ctx, steps[k], region)
-            self.ctx.sliced = executor.after_slice(self.ctx.sliced, steps[k])
+            region, _ = run_step(ctx, k, region)
             self.filled.append(StepRecord("slice", 0, 0.0))
             k += 1
-        reads = k < len(steps) and _reads_caller(steps[k], region)
-        first = math.prod(steps[k].local_shape_after if reads else region.shape)
+        reads = k < len(steps) and _reads_caller(steps, k)
+        first = math.prod(steps[k].local_shape_after if reads else
+                          steps[k - 1].local_shape_after if k else steps[0].local_shape_before
+                          if steps else self.shape)
         size = max([first * self.itemsize] + [_need(self.plan, st) for st in steps[k + reads:]])
-        self.buf = np.empty(size, dtype=np.uint8)
+        self.buf = buffer[:size] if buffer is not None else np.empty(size, dtype=np.uint8)
         if reads:
-            self.ctx.reserved = self.typed
-            self.ctx.slack = max(0, self.limit - MARGIN - size)
-            try:
-                region, sent = executor._RUN[steps[k].op](self.ctx, steps[k], region)
-            finally:
-                self.ctx.reserved = None
-                self.ctx.free_types()
+            ctx.slack = max(0, self.limit - MARGIN - size)
+            region, sent = run_step(ctx, k, region, self.typed)
             self.filled.append(StepRecord(steps[k].op, int(sent), 0.0))
-        self.ctx.sliced = False
-        self.ctx.slack = self.workspace // 2
+        ctx.sliced = False
+        ctx.slack = self.workspace // 2
         self.shape = region.shape
         if region.base is not None and not _aliases(region.base, self.buf):
             if k < len(steps) and _even_scatter(self.plan, steps[k], region.shape):
@@ -160,14 +164,22 @@ class WorkBuffer:
     def block(self, layout, digits=None):
         return rank_block(self.plan.global_shape, layout, digits or self.mc.digits)
 
-    def result(self):
+    def result(self, out=None):
+        """The target block: copied into ``out`` if given, else the buffer itself,
+        shrunk to the block with ``realloc`` (no copy)."""
         self.to_front()
         n = math.prod(self.shape) * self.itemsize
+        if out is not None:
+            out[...] = self.typed(self.shape)
+            self.buf = None
+            return out
         if self.owner is not None:
             self.buf = None
             self.owner.resize(n // self.itemsize, refcheck=False)
             return self.owner.reshape(self.shape)
         buf, self.buf = self.buf, None
+        if buf.base is not None:            # a buffer kept by the Transfer: never resized
+            return buf[:n].view(self.plan.dtype).reshape(self.shape).copy()
         buf.resize(n, refcheck=False)      # realloc: shrinks without a copy
         return buf.view(self.plan.dtype).reshape(self.shape)
 
@@ -187,13 +199,20 @@ def _need(plan, step):
                math.prod(frame) if frame is not None else 0) * plan.dtype.itemsize
 
 
-def _reads_caller(step, region):
-    """True if ``step`` can read the caller's block and write the buffer directly."""
+def _reads_caller(steps, k):
+    """True if step ``k`` can read the caller's block and write the buffer directly.
+
+    From the plan alone (every rank must run the step the same way): a
+    reduce-scatter or all-reduce only when no slice came before it and, for
+    a reduce-scatter, the parts are contiguous (every dim before the
+    scattered one has length one in the largest block).
+    """
+    step = steps[k]
     if step.op in ("all_gather", "all_to_all", "exchange", "permute"):
         return True
     if step.op == "reduce_scatter":
-        return region.whole and all(n == 1 for n in region.shape[:step.dims[0]])
-    return step.op == "all_reduce" and region.whole
+        return k == 0 and all(n == 1 for n in step.local_shape_before[:step.dims[0]])
+    return step.op == "all_reduce" and k == 0
 
 
 def _aliases(a, buf):

@@ -1,0 +1,271 @@
+"""The distributed array itself and :func:`redistribute`, without the analytics.
+
+:class:`DistArrayBase` holds this rank's block and (shape, dtype, layout,
+mesh); :class:`mpiredist.DistArray` adds the numpy protocol and the
+analytics on top (:mod:`mpiredist.arrays.distarray`), so that ``ops``,
+``heat`` and ``fft`` import this module and nothing imports them back.
+
+Nothing here communicates except the documented collective calls
+(constructors with validation, ``redistribute``, ``gather``); ``repr`` and
+properties are local.  Every redistribution goes through a
+:class:`~mpiredist.runtime.transfer.Transfer`, kept in a small cache of the
+mesh's communicator and keyed by the agreed arguments.
+"""
+
+from ..core.blocks import rank_block
+from ..core.errors import ShapeError
+from ..core.layout import Layout
+from ..core.subaxes import expand, rank_digits
+from ..planning import planner
+from ..runtime.agree import check_together
+from ..runtime.comm import base_comm, check_size, mesh_comm
+from ..runtime.donation import array_kind, references, usable_for_donation
+from ..runtime.transfer import Transfer
+
+__all__ = ["DistArrayBase", "redistribute", "TRANSFER_CACHE_SIZE"]
+
+# Transfers kept per mesh communicator for redistribute(); each holds its
+# routing and datatypes (small), never data buffers.
+TRANSFER_CACHE_SIZE = 32
+
+
+def _block_shape(shape, mesh, layout, rank):
+    box = rank_block(shape, expand(layout, mesh), rank_digits(mesh, rank))
+    return tuple(hi - lo for lo, hi in box)
+
+
+def _as_shape(shape, rank):
+    try:
+        return tuple(int(n) for n in shape)
+    except (TypeError, ValueError):
+        raise ShapeError(f"rank {rank}: global shape must be a sequence of integers, "
+                         f"found {shape!r}") from None
+
+
+def _check_local(block, shape, mesh, layout, rank):
+    check_size(mesh, base_comm(mesh))
+    if not (hasattr(block, "shape") and hasattr(block, "dtype")):
+        raise ShapeError(f"rank {rank}: local block must be a numpy or CuPy array, "
+                         f"found {type(block).__name__}")
+    planner.validate(shape, block.dtype, mesh, layout, layout)
+    want = _block_shape(shape, mesh, layout, rank)
+    if tuple(block.shape) != want:
+        raise ShapeError(f"rank {rank}: local block has shape {tuple(block.shape)} but "
+                         f"layout {layout} of global shape {tuple(shape)} on mesh {mesh} "
+                         f"gives this rank {want}")
+
+
+class DistArrayBase:
+    """A distributed array: this rank's block plus (shape, dtype, layout, mesh).
+
+    Create with :meth:`from_global` or :meth:`from_local` (collective: all
+    ranks of the mesh call them together).  Examples need as many ranks as
+    the mesh has devices, e.g. ``mpirun -n 8`` for ``x=2,y=4``.
+    """
+
+    __slots__ = ("_local", "_shape", "_layout", "_mesh", "_dtype")
+
+    def __init__(self, local, shape, layout, mesh):
+        # Unchecked; use from_local / from_global.
+        self._local, self._shape = local, tuple(shape)
+        self._layout, self._mesh = layout, mesh
+        self._dtype = None if local is None else local.dtype
+
+    @classmethod
+    def from_local(cls, block, mesh, layout, shape):
+        """Wrap this rank's ``block`` of a global array of ``shape`` (collective).
+
+        Every rank checks its block's shape against ``layout``; all ranks
+        agree on (mesh, shape, dtype, layout); any problem raises on every
+        rank before any data moves.
+        """
+        def body(mesh, rank):
+            lay, full = Layout.parse(layout), _as_shape(shape, rank)
+            _check_local(block, full, mesh, lay, rank)
+            return (full, lay), dict(mesh=mesh, shape=full, dtype=block.dtype, layout=lay)
+
+        mesh, (full, lay) = check_together("DistArray.from_local", mesh, body)
+        return cls(block, full, lay, mesh)
+
+    @classmethod
+    def from_global(cls, array, mesh, layout):
+        """Take this rank's block of ``array``, the same full array on every rank."""
+        def body(mesh, rank):
+            lay = Layout.parse(layout)
+            if not (hasattr(array, "shape") and hasattr(array, "dtype")):
+                raise ShapeError(f"rank {rank}: global array must be a numpy or CuPy "
+                                 f"array, found {type(array).__name__}")
+            shape = tuple(array.shape)
+            check_size(mesh, base_comm(mesh))
+            planner.validate(shape, array.dtype, mesh, lay, lay)
+            if lay.partial:
+                raise ShapeError(f"from_global: layout {lay} has partial axes; a full "
+                                 "array cannot be split into partial sums")
+            return (shape, lay), dict(mesh=mesh, shape=shape, dtype=array.dtype, layout=lay)
+
+        mesh, (shape, lay) = check_together("DistArray.from_global", mesh, body)
+        box = rank_block(shape, expand(lay, mesh), rank_digits(mesh, base_comm(mesh).Get_rank()))
+        block = array[tuple(slice(lo, hi) for lo, hi in box)].copy()
+        return cls(block, shape, lay, mesh)
+
+    @property
+    def local(self):
+        """This rank's block (numpy or CuPy array); None once donated away."""
+        return self._local
+
+    @property
+    def shape(self):
+        """The global shape."""
+        return self._shape
+
+    @property
+    def dtype(self):
+        return self._dtype
+
+    @property
+    def ndim(self):
+        return len(self._shape)
+
+    @property
+    def layout(self):
+        return self._layout
+
+    @property
+    def mesh(self):
+        return self._mesh
+
+    def plan(self, dst, strategy="collectives", allow_exchange=True):
+        """The plan of a redistribution to ``dst`` (no communication).
+
+        What actually runs, executor included, is what
+        ``mr.Transfer(...).explain()`` prints for the same arguments.
+        """
+        return planner.plan(self._shape, self.dtype, self._mesh, self._layout, dst, strategy,
+                            allow_exchange)
+
+    def redistribute(self, dst, donate=False, strategy="collectives", records=None,
+                     workspace_bytes=None):
+        """Return this array in layout ``dst`` (collective).
+
+        Parameters
+        ----------
+        dst : Layout or str
+        donate : bool
+            If True this array gives up its block, which the call may reuse as
+            its working buffer: afterwards this array has no block
+            (``local`` is None) unless the call raised.  Whether the block's
+            memory is really reused is agreed by every rank (see
+            :func:`redistribute`).
+        strategy : {"collectives", "replicate", "direct"}
+        records : list, optional
+            Receives one :class:`~mpiredist.runtime.context.StepRecord` per step.
+        workspace_bytes : int, optional
+            Budget W for temporary buffers (see :func:`redistribute`).
+        """
+        block = self._local
+        if block is None:
+            raise ShapeError("this DistArray's block was donated to an earlier "
+                             "redistribution; it has no data left")
+        if donate:
+            self._local = None          # hand the block over: no reference is left here
+        extra = references(block)      # any reference left is not ours to free
+        try:
+            out = _redistribute(block, self._shape, self._mesh, self._layout, dst, donate,
+                                strategy, records, workspace_bytes, extra)
+        except BaseException:
+            if donate:
+                self._local = block
+            raise
+        return type(self)(out, self._shape, Layout.parse(dst), self._mesh)
+
+    def redistribute_(self, dst, **kwargs):
+        """In-place form: donate this block and take the result (collective)."""
+        new = self.redistribute(dst, donate=True, **kwargs)
+        self._local, self._layout, self._dtype = new._local, new._layout, new._dtype
+        return self
+
+    def gather(self):
+        """The full global array on every rank (collective)."""
+        return self.redistribute(Layout.replicated(self.ndim)).local
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(shape={self._shape}, dtype={self.dtype}, "
+                f"layout={str(self._layout)!r}, mesh={self._mesh!r})")
+
+
+def redistribute(local, global_shape, mesh, src, dst, donate=False,
+                 strategy="collectives", records=None, workspace_bytes=None):
+    """Redistribute this rank's block ``local`` from ``src`` to ``dst`` (collective).
+
+    Returns this rank's block of the target layout.  Every rank validates its
+    own arguments and all ranks agree on (mesh, shape, dtype, src, dst, the
+    array library) with one small collective before any data moves; a
+    problem on any rank raises a ``ValueError`` subclass on every rank.
+    ``local`` is not written unless ``donate`` is True.
+
+    Runs through a cached :class:`~mpiredist.Transfer` of the same
+    arguments: for many calls with the same arguments, make one Transfer and
+    call its ``run`` instead (no planning or cache look-up per call).
+
+    Memory: with S and T the source and target block bytes and W =
+    ``workspace_bytes`` (default ``max(S, T) // 4 + 1 MiB``), the call
+    allocates at most ``max(S, T) + W`` bytes, or ``max(0, T - S) + W`` when
+    the donation is honoured.  A donation is honoured only if every rank's
+    block is a numpy array that owns a writeable, aligned, C-contiguous
+    buffer to which nothing but the caller's own name refers (no view, no
+    second name); otherwise every rank runs as not donated, ``local`` is left
+    unchanged, and a :class:`~mpiredist.DonationWarning` says why.  The block
+    is resized (``realloc``) only after every rank has agreed, so a call
+    that raises leaves it as it was.  If some step cannot run within the
+    bound, a :class:`~mpiredist.BudgetWarning` says so before anything runs.
+    """
+    extra = references(local) - 1      # the caller's own name is allowed
+    return _redistribute(local, global_shape, mesh, src, dst, donate, strategy, records,
+                         workspace_bytes, extra)
+
+
+def _redistribute(local, global_shape, mesh, src, dst, donate, strategy, records, workspace,
+                  extra_refs):
+    """:func:`redistribute` with ``extra_refs``: references to ``local`` beyond
+    those the caller may hold (see :mod:`mpiredist.runtime.donation`)."""
+    def body(mesh, rank):
+        s, d = Layout.parse(src), Layout.parse(dst)
+        shape = _as_shape(global_shape, rank)
+        _check_local(local, shape, mesh, s, rank)
+        plan = planner.plan(shape, local.dtype, mesh, s, d, strategy)
+        w = None if workspace is None else _workspace(workspace, rank)
+        usable, why = usable_for_donation(local, extra_refs) if donate else (False, "")
+        kind = array_kind(local)
+        return (plan, w, usable, why, kind), dict(
+            mesh=mesh, shape=shape, dtype=local.dtype, src=s, dst=d, strategy=strategy,
+            donate=bool(donate), workspace=w, kind=kind)
+
+    mesh, (plan, w, _, why, kind), flags = check_together(
+        "redistribute", mesh, body, every=lambda r: {"donate": bool(r and r[2])})
+    t = _cached_transfer(mesh, plan, bool(donate), w)
+    return t.run_agreed(local, None, kind, flags["donate"], why, records)
+
+
+def _workspace(value, rank):
+    try:
+        w = int(value)
+    except (TypeError, ValueError):
+        raise ShapeError(f"rank {rank}: workspace_bytes must be an integer, "
+                         f"found {value!r}") from None
+    if w < 0:
+        raise ShapeError(f"rank {rank}: workspace_bytes must be non-negative, found {w}")
+    return w
+
+
+def _cached_transfer(mesh, plan, donate, workspace):
+    """The Transfer of these agreed arguments, from the mesh communicator's cache."""
+    cache = mesh_comm(mesh).transfers
+    key = (plan, donate, workspace)
+    t = cache.pop(key, None)
+    if t is None:
+        t = Transfer.agreed(mesh, plan, donate, workspace)
+    cache[key] = t                          # most recently used last
+    while len(cache) > TRANSFER_CACHE_SIZE:
+        cache.pop(next(iter(cache))).free()
+    return t
+

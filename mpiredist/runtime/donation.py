@@ -1,0 +1,100 @@
+"""What a rank's own arrays allow, judged locally, before the ranks agree.
+
+Every property of a caller's array that could change which MPI calls run —
+the array library, and for a donated block whether its memory may become
+the working buffer — is turned into a few flags here; the Transfer then
+agrees on them across ranks in one collective
+(:func:`mpiredist.runtime.agree.agree_flags`), so every rank takes the same
+path.  Problems with the arrays themselves (wrong shape or dtype, an ``out``
+that cannot hold the result) become an exception object, raised on every
+rank by the same collective.
+
+A donated block may be grown or shrunk in place (``realloc``) only when
+nothing else refers to its memory: a view of it, a memoryview, or a second
+name would be left pointing at freed memory.  CPython does not say who
+holds a reference, only how many there are, so the public entry points
+count them (:func:`references`) and allow exactly the references they know
+of: the caller's own name for :func:`mpiredist.redistribute` and
+:meth:`Transfer.run <mpiredist.runtime.transfer.Transfer.run>`, none for a
+:class:`~mpiredist.DistArray` whose block is handed over.  Any other
+reference makes the donation a copy on every rank (the source is then left
+as it was).
+"""
+
+import sys
+
+import numpy as np
+
+from ..core.backend import is_gpu
+from ..core.errors import ShapeError
+
+__all__ = ["references", "usable_for_donation", "check_block", "check_out", "array_kind"]
+
+
+def references(array):
+    """How many references to ``array`` exist besides the calling function's name.
+
+    Call it as ``references(name)`` with ``name`` a parameter or local of the
+    calling function, in a statement of its own (inside the argument list
+    of another call the pending arguments add references): the count is taken against a fresh object bound the
+    same way here, so it does not depend on how the interpreter counts its
+    own temporary references; one more is subtracted for the caller's name.
+    """
+    probe = object()
+    return sys.getrefcount(array) - sys.getrefcount(probe) - 1
+
+
+def usable_for_donation(array, extra_references):
+    """``(usable, why not)``: may ``array``'s memory become the working buffer?
+
+    It must be a numpy array that owns a writeable, aligned, C-contiguous
+    buffer and that nothing else refers to (``extra_references`` counts the
+    references beyond those the entry point allows, see the module doc).
+    """
+    if not isinstance(array, np.ndarray):
+        return False, f"it is a {type(array).__name__}, not a numpy array"
+    if not array.flags.writeable:
+        return False, "it is read-only"
+    if array.base is not None or not array.flags.owndata:
+        return False, "it is a view of another array's memory"
+    if not (array.flags.c_contiguous and array.flags.aligned):
+        return False, "it is not an aligned C-contiguous array"
+    if extra_references > 0:
+        return False, (f"{extra_references} other reference(s) to it exist (a view, a "
+                       "memoryview or a second name); its memory cannot be reused")
+    return True, ""
+
+
+def array_kind(array):
+    """``"cupy"`` for CUDA arrays, else ``"numpy"``."""
+    return "cupy" if is_gpu(array) else "numpy"
+
+
+def check_block(local, shape, dtype, rank, what="local block"):
+    """ShapeError unless ``local`` is an array of ``shape`` and ``dtype``."""
+    if not (hasattr(local, "shape") and hasattr(local, "dtype")):
+        raise ShapeError(f"rank {rank}: {what} must be a numpy or CuPy array, "
+                         f"found {type(local).__name__}")
+    if tuple(local.shape) != tuple(shape):
+        raise ShapeError(f"rank {rank}: {what} has shape {tuple(local.shape)}, but this "
+                         f"rank's block has shape {tuple(shape)}")
+    if np.dtype(local.dtype) != dtype:
+        raise ShapeError(f"rank {rank}: {what} has dtype {np.dtype(local.dtype)}, "
+                         f"expected {dtype}")
+
+
+def check_out(out, local, shape, dtype, rank):
+    """ShapeError unless ``out`` can receive the target block."""
+    check_block(out, shape, dtype, rank, "out")
+    if array_kind(out) != array_kind(local):
+        raise ShapeError(f"rank {rank}: out is a {array_kind(out)} array but the block is "
+                         f"a {array_kind(local)} array")
+    flags = out.flags
+    contiguous = flags["C_CONTIGUOUS"] if hasattr(flags, "__getitem__") else flags.c_contiguous
+    if not contiguous:
+        raise ShapeError(f"rank {rank}: out must be C-contiguous")
+    if isinstance(out, np.ndarray) and not out.flags.writeable:
+        raise ShapeError(f"rank {rank}: out is read-only")
+    if isinstance(out, np.ndarray) and isinstance(local, np.ndarray) \
+            and out.size and local.size and np.shares_memory(out, local):
+        raise ShapeError(f"rank {rank}: out shares memory with the source block")

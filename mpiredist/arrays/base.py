@@ -19,8 +19,8 @@ from ..core.subaxes import expand, rank_digits
 from ..planning import planner
 from ..runtime.agree import check_together
 from ..runtime.comm import base_comm, check_size, mesh_comm
-from ..runtime.donation import array_kind, references, usable_for_donation
-from ..runtime.transfer import Transfer
+from ..runtime.donation import array_kind, references
+from ..runtime.transfer import Transfer, judge
 
 __all__ = ["DistArrayBase", "redistribute", "TRANSFER_CACHE_SIZE"]
 
@@ -234,16 +234,16 @@ def _redistribute(local, global_shape, mesh, src, dst, donate, strategy, records
         _check_local(local, shape, mesh, s, rank)
         plan = planner.plan(shape, local.dtype, mesh, s, d, strategy)
         w = None if workspace is None else _workspace(workspace, rank)
-        usable, why = usable_for_donation(local, extra_refs) if donate else (False, "")
         kind = array_kind(local)
-        return (plan, w, usable, why, kind), dict(
+        verdict = judge(plan, bool(donate), w, local, extra_refs)
+        return (plan, w, verdict, kind), dict(
             mesh=mesh, shape=shape, dtype=local.dtype, src=s, dst=d, strategy=strategy,
             donate=bool(donate), workspace=w, kind=kind)
 
-    mesh, (plan, w, _, why, kind), flags = check_together(
-        "redistribute", mesh, body, every=lambda r: {"donate": bool(r and r[2])})
-    t = _cached_transfer(mesh, plan, bool(donate), w)
-    return t.run_agreed(local, None, kind, flags["donate"], why, records)
+    mesh, (plan, w, verdict, kind), flags = check_together(
+        "redistribute", mesh, body, every=lambda r: {"donate": bool(r and r[2].usable)})
+    t = _cached_transfer(mesh, plan, bool(donate), w)     # collective: after agreeing
+    return t.run_agreed(local, None, kind, flags["donate"], verdict, records)
 
 
 def _workspace(value, rank):

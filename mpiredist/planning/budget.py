@@ -24,13 +24,21 @@ MARGIN = 512 << 10
 
 __all__ = ["default_workspace", "Budget", "assess", "inplace_reason", "frame_shape",
            "buffer_bytes", "out_of_place_peak", "Choice", "choose", "in_place_plan",
-           "contract_limit", "MARGIN"]
+           "contract_limit", "fresh_buffer_fits", "MARGIN"]
 
 
 def contract_limit(plan, donate, workspace):
     """The contract's bound on E: ``max(S, T) + W``, or ``max(0, T - S) + W`` donated."""
     s, t = plan.src_local_bytes, plan.dst_local_bytes
     return (max(0, t - s) if donate else max(s, t)) + workspace
+
+
+def fresh_buffer_fits(plan, workspace):
+    """True if a donated one-buffer run may take a new buffer of the plan's
+    capacity (and half the workspace beside it) within the donated bound,
+    without counting on the donated block's memory being released."""
+    limit = contract_limit(plan, True, workspace)
+    return buffer_bytes(plan) + workspace // 2 <= limit - MARGIN
 
 
 def default_workspace(plan):

@@ -9,26 +9,31 @@ path.  Problems with the arrays themselves (wrong shape or dtype, an ``out``
 that cannot hold the result) become an exception object, raised on every
 rank by the same collective.
 
-A donated block may be grown or shrunk in place (``realloc``) only when
-nothing else refers to its memory: a view of it, a memoryview, or a second
-name would be left pointing at freed memory.  CPython does not say who
-holds a reference, only how many there are, so the public entry points
-count them (:func:`references`) and allow exactly the references they know
-of: the caller's own name for :func:`mpiredist.redistribute` and
-:meth:`Transfer.run <mpiredist.runtime.transfer.Transfer.run>`, none for a
-:class:`~mpiredist.DistArray` whose block is handed over.  Any other
-reference makes the donation a copy on every rank (the source is then left
-as it was).
+A donated block is used as the working buffer only where it is a writeable,
+aligned, C-contiguous numpy array, and grown or shrunk in place
+(``realloc``) only when nothing else refers to its memory: a view of it, a
+memoryview or a second name would be left pointing at freed memory.  A block
+large enough for the whole run needs no ``realloc`` and is used in place
+whatever refers to it (those references then see undefined values, which is
+what donating means).  CPython does not say who holds a reference, only how
+many there are, so the public entry points count them (:func:`references`)
+and allow exactly the references they know of: the caller's own name for
+:func:`mpiredist.redistribute` and :meth:`Transfer.run
+<mpiredist.runtime.transfer.Transfer.run>`, none for a
+:class:`~mpiredist.DistArray` whose block is handed over.  When any rank's
+block cannot be used, every rank runs as not donated (its block is left as
+it was).
 """
 
 import sys
+from typing import NamedTuple
 
 import numpy as np
 
 from ..core.backend import is_gpu
 from ..core.errors import ShapeError
 
-__all__ = ["references", "usable_for_donation", "check_block", "check_out", "array_kind"]
+__all__ = ["references", "Donation", "judge_donation", "check_block", "check_out", "array_kind"]
 
 
 def references(array):
@@ -44,25 +49,55 @@ def references(array):
     return sys.getrefcount(array) - sys.getrefcount(probe) - 1
 
 
-def usable_for_donation(array, extra_references):
-    """``(usable, why not)``: may ``array``'s memory become the working buffer?
+class Donation(NamedTuple):
+    """This rank's verdict on its donated block (before the ranks agree).
 
-    It must be a numpy array that owns a writeable, aligned, C-contiguous
-    buffer and that nothing else refers to (``extra_references`` counts the
-    references beyond those the entry point allows, see the module doc).
+    ``usable``: the run may take the block as its buffer; ``resizable``:
+    it may also ``realloc`` it (grow, shrink, release); ``why``: the reason
+    when not usable.
     """
-    if not isinstance(array, np.ndarray):
-        return False, f"it is a {type(array).__name__}, not a numpy array"
-    if not array.flags.writeable:
-        return False, "it is read-only"
+
+    usable: bool
+    resizable: bool
+    why: str
+
+
+def judge_donation(array, extra_references, capacity, fresh):
+    """What this rank's donated ``array`` allows (see the module doc).
+
+    ``capacity`` is the one-buffer executor's buffer size (from the plan);
+    ``fresh`` True when the plan takes a new buffer within the donated bound
+    anyway (then the block is only read, and released if resizable).  A
+    block that holds ``capacity`` bytes is used in place whatever refers to
+    it (no ``realloc``: views then see undefined values, as donation
+    means); a smaller one must grow, which only an exclusive, owning block
+    may (``extra_references`` counts the references beyond those the entry
+    point allows).
+    """
+    resizable = (isinstance(array, np.ndarray) and array.base is None and array.flags.owndata
+                 and array.flags.writeable and array.flags.c_contiguous
+                 and array.flags.aligned and extra_references <= 0)
+    if fresh:
+        return Donation(True, resizable, "")
+    why = _unwritable(array)
+    if why:
+        return Donation(False, False, why)
+    if array.nbytes >= capacity or resizable:
+        return Donation(True, resizable, "")
     if array.base is not None or not array.flags.owndata:
-        return False, "it is a view of another array's memory"
+        return Donation(False, False, "it must grow, and it is a view of another array's memory")
+    return Donation(False, False, f"it must grow, and {extra_references} other reference(s) "
+                                  "to it exist (a view, a memoryview or a second name)")
+
+
+def _unwritable(array):
+    if not isinstance(array, np.ndarray):
+        return f"it is a {type(array).__name__}, not a numpy array"
+    if not array.flags.writeable:
+        return "it is read-only"
     if not (array.flags.c_contiguous and array.flags.aligned):
-        return False, "it is not an aligned C-contiguous array"
-    if extra_references > 0:
-        return False, (f"{extra_references} other reference(s) to it exist (a view, a "
-                       "memoryview or a second name); its memory cannot be reused")
-    return True, ""
+        return "it is not an aligned C-contiguous array"
+    return ""
 
 
 def array_kind(array):

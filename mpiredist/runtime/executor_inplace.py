@@ -47,17 +47,19 @@ __all__ = ["execute_inplace"]
 
 
 def execute_inplace(ctx, local, donate=False, workspace=1 << 20, records=None, out=None,
-                    buffer=None):
+                    buffer=None, resizable=False):
     """Run ``ctx.plan`` in one buffer; return this rank's target block.
 
     ``ctx`` is the Transfer's :class:`~mpiredist.runtime.context.Context`.
     With ``donate`` (agreed by every rank, see
     :mod:`mpiredist.runtime.donation`) the caller's ``local`` becomes the
     buffer: it is resized and its contents are undefined afterwards.
-    ``out``, if given, receives the result (a copy from the buffer, which
-    may then be ``buffer``, a byte array the Transfer keeps between runs).
+    ``resizable`` (this rank's verdict) allows ``realloc`` of the donated
+    block.  ``out``, if given, receives the result (a copy from the buffer,
+    which may then be ``buffer``, a byte array the Transfer keeps between
+    runs).
     """
-    run = WorkBuffer(ctx, local, donate, workspace, buffer)
+    run = WorkBuffer(ctx, local, donate, workspace, buffer, resizable)
     if records is not None:
         records.extend(run.filled)
     steps = ctx.plan.steps
@@ -269,7 +271,7 @@ def _permute(run, step):
     one message and rounds comes from the plan: straight into free space of
     the buffer when the largest blocks before and after fit beside each
     other in a buffer whose size is the same on every rank (not a donated
-    block's own memory); otherwise in rounds of at most half the workspace,
+    block's own memory, whose size differs); otherwise in rounds of at most half the workspace,
     each received through a staging buffer and copied to the front (it never
     overwrites data not yet sent: the block starts at or after the front).
     """
@@ -283,7 +285,7 @@ def _permute(run, step):
     send = math.prod(run.shape) * run.itemsize
     recv = math.prod(out) * run.itemsize
     most = (math.prod(step.local_shape_before) + math.prod(step.local_shape_after)) * run.itemsize
-    if run.owner is None and most <= run.buf.size:
+    if not run.in_block and most <= run.buf.size:
         run.to_front()
         mc.comm.Sendrecv([run.buf[:send], send, B], dest,
                          recvbuf=[run.buf[send:send + recv], recv, B], source=source)

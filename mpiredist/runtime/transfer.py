@@ -36,19 +36,19 @@ from ..core.errors import BudgetWarning, DonationWarning, ShapeError
 from ..core.subaxes import expand, rank_digits
 from ..planning import planner
 from ..planning.budget import (Choice, assess, buffer_bytes, choose, default_workspace,
-                                in_place_plan)
+                                fresh_buffer_fits, in_place_plan)
 from ..planning.plans import _bytes as format_bytes
 from .agree import agree_flags, check_together
 from .comm import base_comm, check_size, mesh_comm
 from .context import Context
-from .donation import (array_kind, check_block, check_out, references,
-                       usable_for_donation)
+from .donation import Donation, array_kind, check_block, check_out, judge_donation, references
 from .executor import execute
 from .executor_inplace import execute_inplace
 from .packing import group_sides, part_limit, parts
 
-__all__ = ["Transfer"]
+__all__ = ["Transfer", "judge", "donated_choice"]
 
+NOT_DONATED = Donation(False, False, "")
 _VARIANTS = {"kept": "the source is kept", "given": "the donated block is the buffer",
              "gpu": "CuPy arrays (out of place)"}
 
@@ -126,18 +126,13 @@ class Transfer:
         shape = plan.global_shape
         self.source_shape = _shape(rank_block(shape, expand(plan.src, mesh), digits))
         self.target_shape = _shape(rank_block(shape, expand(plan.dst, mesh), digits))
-        replan = None
-        if plan.strategy == "collectives":
-            def replan():
-                return planner.plan(shape, plan.dtype, mesh, plan.src, plan.dst,
-                                    "collectives", allow_exchange=False)
-        kept = choose(plan, False, self._workspace, False, replan)
+        kept = choose(plan, False, self._workspace, False, _replanner(plan))
         if one_buffer and not kept.inplace:
             kept = Choice(*in_place_plan(plan, assess(plan, False, self._workspace), False,
-                                         self._workspace, replan))
+                                         self._workspace, _replanner(plan)))
         self._choices = {"kept": kept}
         if donate:
-            self._choices["given"] = choose(plan, True, self._workspace, False, replan)
+            self._choices["given"] = donated_choice(plan, self._workspace)
         self._contexts, self._buffers, self._warned = {}, {}, set()
         plans = [plan] + [c.plan for c in self._choices.values()]
         for p in plans:                                 # collective: create them now
@@ -216,30 +211,35 @@ class Transfer:
     # ----------------------------------------------------------- running
 
     def _run(self, local, out, extra_refs, records=None):
-        kind, usable, why, error = "numpy", False, "", None
+        kind, verdict, error = "numpy", NOT_DONATED, None
         try:
             check_block(local, self.source_shape, self._plan.dtype, self._mc.rank)
             if out is not None:
                 check_out(out, local, self.target_shape, self._plan.dtype, self._mc.rank)
             kind = array_kind(local)
-            if self._donate:
-                usable, why = usable_for_donation(local, extra_refs)
+            verdict = self.judge(local, extra_refs)
         except ValueError as exc:
             error = exc
         flags = agree_flags(self._mc.comm, "Transfer.run", error, {"kind": kind},
-                            {"donate": usable})
-        return self.run_agreed(local, out, kind, flags["donate"], why, records)
+                            {"donate": verdict.usable})
+        return self.run_agreed(local, out, kind, flags["donate"], verdict, records)
 
-    def run_agreed(self, local, out, kind, donate_ok, why="", records=None):
+    def judge(self, local, extra_refs):
+        """This rank's :class:`~mpiredist.runtime.donation.Donation` for ``local``."""
+        return judge(self._plan, self._donate, self._workspace, local, extra_refs)
+
+    def run_agreed(self, local, out, kind, donate_ok, verdict=None, records=None):
         """Run with the per-run facts already agreed by every rank (no check).
 
         ``kind`` is the array library of every rank's block, ``donate_ok``
-        whether every rank's block may be donated (``why`` this rank's reason
-        if not).  For callers that agreed in their own collective.
+        whether every rank's block may be donated, ``verdict`` this rank's
+        own :class:`~mpiredist.runtime.donation.Donation`.  For callers
+        that agreed in their own collective.
         """
+        verdict = verdict or NOT_DONATED
         variant = "gpu" if kind == "cupy" else "given" if self._donate and donate_ok else "kept"
         if self._donate and variant != "given":
-            self._warn_donation(why)
+            self._warn_donation(verdict.why)
         choice, ctx = self._program(variant, local)
         if not choice.inplace:
             ctx.pool = self._buffers.setdefault(variant, {}) if out is not None else None
@@ -251,7 +251,7 @@ class Transfer:
                 buffer = self._buffers["kept-buffer"] = np.empty(buffer_bytes(choice.plan),
                                                                   dtype=np.uint8)
         return execute_inplace(ctx, local, variant == "given", choice.budget.workspace,
-                               records, out, buffer)
+                               records, out, buffer, verdict.resizable)
 
     def _program(self, variant, local):
         """``(choice, context)`` of ``variant``, made on its first run."""
@@ -297,6 +297,32 @@ class Transfer:
                           for k, n in enumerate(step.local_shape_before))
             return f"{len(parts(piece, limit))} round(s) of packed parts"
         return "1 round"
+
+
+def _replanner(plan):
+    """The plan without exchange steps, for a one-buffer run (collectives only)."""
+    if plan.strategy != "collectives":
+        return None
+
+    def replan():
+        return planner.plan(plan.global_shape, plan.dtype, plan.mesh, plan.src, plan.dst,
+                            "collectives", allow_exchange=False)
+    return replan
+
+
+def donated_choice(plan, workspace):
+    """How a run with an honoured donation executes ``plan`` (pure)."""
+    return choose(plan, True, workspace, False, _replanner(plan))
+
+
+def judge(plan, donate, workspace, local, extra_refs):
+    """This rank's :class:`~mpiredist.runtime.donation.Donation` of ``local`` for a
+    Transfer of ``plan`` (pure: no communication; ``workspace`` None is the default)."""
+    if not donate:
+        return NOT_DONATED
+    w = default_workspace(plan) if workspace is None else workspace
+    given = donated_choice(plan, w).plan
+    return judge_donation(local, extra_refs, buffer_bytes(given), fresh_buffer_fits(given, w))
 
 
 class _Sizes:

@@ -13,7 +13,8 @@ import math
 import numpy as np
 
 from ..core.blocks import rank_block
-from ..planning.budget import MARGIN, buffer_bytes, contract_limit, frame_shape
+from ..planning.budget import (MARGIN, buffer_bytes, contract_limit, frame_shape,
+                               fresh_buffer_fits)
 from .context import Region, StepRecord
 from .executor import after_slice, run_step
 from .inplace import compact
@@ -34,11 +35,12 @@ def can_resize(array):
 class WorkBuffer:
     """State of one in-place run: the buffer, the current shape, MPI helpers."""
 
-    def __init__(self, ctx, local, donate, workspace, buffer=None):
+    def __init__(self, ctx, local, donate, workspace, buffer=None, resizable=False):
         """``donate`` True means the caller's block may become the buffer: every
-        rank has agreed that it can (:mod:`mpiredist.runtime.donation`).
-        ``buffer``, if given, is a byte array of at least the plan's capacity
-        kept by the Transfer between runs (not donated only).
+        rank has agreed that it can (:mod:`mpiredist.runtime.donation`);
+        ``resizable`` (this rank's own verdict) that it may also be
+        reallocated.  ``buffer``, if given, is a byte array of at least the
+        plan's capacity kept by the Transfer between runs (not donated only).
         """
         plan = ctx.plan
         self.plan, self.mc, self.ctx = plan, ctx.mc, ctx
@@ -51,16 +53,20 @@ class WorkBuffer:
         capacity = buffer_bytes(plan)
         self.capacity, self.workspace = capacity, workspace
         self.limit = contract_limit(plan, donate, workspace)
-        fresh = donate and self._fits(capacity + workspace // 2)
+        fresh = donate and fresh_buffer_fits(plan, workspace)
+        self.resizable = donate and resizable
         self.owner = local if donate and not fresh else None
+        self.in_block = self.owner is not None      # the same on every rank (from the plan)
         ctx.slack, ctx.sliced = workspace // 2, False     # pack buffers of a later exchange
         self.filled = []        # records of the steps run while filling the buffer
-        if self.owner is not None:
+        if self.owner is not None and self.resizable:
             local.shape = (local.size,)         # grown when a step needs it (reserve)
             self.buf = local.view(np.uint8)
+        elif self.owner is not None:            # large enough: used as it is, never resized
+            self.buf = local.reshape(-1).view(np.uint8)
         else:
             self._fill(local, buffer)
-            if fresh:
+            if fresh and self.resizable:
                 local.resize(0, refcheck=False)     # donated: give its memory back now
 
     def _fill(self, local, buffer=None):
@@ -124,6 +130,9 @@ class WorkBuffer:
         """
         if self.owner is None or _need(self.plan, step) <= self.buf.size:
             return
+        if not self.resizable:
+            raise AssertionError("internal error: a donated block that may not be resized "
+                                 "is too small for the run (the ranks agreed it was not)")
         self.to_front()
         live = math.prod(self.shape)
         owner, self.buf = self.owner, None
@@ -173,10 +182,13 @@ class WorkBuffer:
             out[...] = self.typed(self.shape)
             self.buf = None
             return out
-        if self.owner is not None:
+        if self.owner is not None and self.resizable:
             self.buf = None
             self.owner.resize(n // self.itemsize, refcheck=False)
             return self.owner.reshape(self.shape)
+        if self.owner is not None:              # a view of the donated memory
+            buf, self.buf = self.buf, None
+            return buf[:n].view(self.plan.dtype).reshape(self.shape)
         buf, self.buf = self.buf, None
         if buf.base is not None:            # a buffer kept by the Transfer: never resized
             return buf[:n].view(self.plan.dtype).reshape(self.shape).copy()

@@ -81,17 +81,18 @@ class PlanCommand:
 
 @command("model", help="model the run time of every strategy on N ranks (no MPI)")
 class ModelCommand:
-    """The plan-only table of :func:`mpiredist.bench.model.plan_only_table`."""
+    """The plan-only table of :func:`mpiredist.bench.plan_only_table`."""
 
     @staticmethod
     def add_arguments(parser):
-        from .bench.model import ALPHA, BETA, MEMORY_BANDWIDTH, STRATEGIES
+        from . import bench
+        from .planning.model import ALPHA, BETA, MEMORY_BANDWIDTH
         parser.add_argument("--ranks", type=int, metavar="N",
                             help="devices to scale each case's mesh to (its size times "
                                  "a power of two); default: each case's own mesh")
         parser.add_argument("--case", action="append", metavar="ID",
                             help="shared case to model, e.g. c04 (repeatable; default all)")
-        parser.add_argument("--strategy", action="append", choices=STRATEGIES,
+        parser.add_argument("--strategy", action="append", choices=bench.STRATEGIES,
                             help="strategy to model (repeatable; default all; xla only "
                                  "on a case's own mesh)")
         _add_case_flags(parser, required=False)
@@ -114,19 +115,19 @@ class ModelCommand:
     def run(args):
         import json
 
-        from .bench.cases import Case, get_case
-        from .bench.model import STRATEGIES, Network, format_table, plan_only_table
+        from . import bench
         from .core.layout import Layout
         from .core.mesh import Mesh
+        from .planning.model import Network
         user = [args.mesh, args.shape, args.src, args.dst]
         if any(user) and not all(user):
             raise MpiredistError("a user case needs all of --mesh, --shape, --src, --dst")
         if all(user):
-            cases = [Case("user", dict(Mesh(args.mesh).axes), parse_shape(args.shape),
-                          Layout.parse(args.src), Layout.parse(args.dst))]
+            cases = [bench.Case("user", dict(Mesh(args.mesh).axes), parse_shape(args.shape),
+                                Layout.parse(args.src), Layout.parse(args.dst))]
         elif args.case:
             try:
-                cases = [get_case(c) for c in args.case]
+                cases = [bench.get_case(c) for c in args.case]
             except KeyError as exc:
                 raise MpiredistError(exc.args[0]) from None
         else:
@@ -135,12 +136,12 @@ class ModelCommand:
             network = Network(args.alpha, args.beta, args.memory_bandwidth)
         except ValueError as exc:
             raise MpiredistError(str(exc)) from None
-        rows = plan_only_table(args.ranks, args.strategy or STRATEGIES, cases,
-                               args.scale, network, args.keep_shape)
+        rows = bench.plan_only_table(args.ranks, args.strategy or bench.STRATEGIES, cases,
+                                     args.scale, network, args.keep_shape)
         if args.json:
             print(json.dumps([r.to_dict() for r in rows], indent=2))
         else:
-            print(format_table(rows))
+            print(bench.format_table(rows))
         return 0
 
 

@@ -1,5 +1,6 @@
 """``python -m mpiredist``: subcommand registry, ``plan`` output and errors."""
 
+import ast
 import json
 import os
 import subprocess
@@ -123,3 +124,27 @@ def test_model_bad_input(capsys, argv, culprit):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and culprit in err[0]
+
+
+def _absolute(node):
+    """The module an import node names, as ``mpiredist.x.y``."""
+    base = "mpiredist" if node.level else ""
+    return ".".join(p for p in (base, node.module or "") if p)
+
+
+def test_cli_uses_only_the_bench_package_root():
+    import mpiredist.bench as bench
+    tree = ast.parse(Path(cli.__file__).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                assert not alias.name.startswith("mpiredist.bench."), alias.name
+        elif isinstance(node, ast.ImportFrom):
+            module = _absolute(node)
+            assert not module.startswith("mpiredist.bench."), module
+            names = [a.name for a in node.names]
+            if module == "mpiredist.bench":
+                assert set(names) <= set(bench.__all__), names
+    out = _run("model", "--case", "c04", "--strategy", "collectives")
+    assert out.returncode == 0, out.stderr
+    assert "c04_swap_unequal" in out.stdout

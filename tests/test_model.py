@@ -1,4 +1,5 @@
-"""The alpha-beta model and the plan-only table (mpiredist.bench.model); no MPI."""
+"""The alpha-beta model (mpiredist.planning.model) and the plan-only table
+(mpiredist.bench.model); no MPI."""
 
 import math
 import time
@@ -7,11 +8,12 @@ import pytest
 
 import mpiredist as mr
 from mpiredist.bench.cases import Case, get_case, load_cases
-from mpiredist.bench.model import (Network, format_table, grow_mesh, grow_shape,
-                                   plan_only_table, predict, recv_peers, step_rounds)
+from mpiredist.bench.model import format_table, grow_mesh, grow_shape, plan_only_table
 from mpiredist.bench.xla import xla_plan
 from mpiredist.core.errors import MeshError, PlanError
 from mpiredist.core.layout import Layout
+from mpiredist.planning.model import (Network, exchange_peers, most_recv_peers, predict,
+                                      recv_peers, step_rounds)
 from mpiredist.planning.routing import exchange_recvs
 from mpiredist.core.subaxes import rank_digits
 
@@ -80,10 +82,22 @@ def test_recv_peers_match_routing(case):
         if step.op != "exchange":
             continue
         counted = recv_peers(p, step)
+        assert counted.shape == (p.mesh.size,)
         for r in range(p.mesh.size):
             peers = {q for q, _ in exchange_recvs(p.mesh, p.global_shape, step.before,
                                                   step.after, rank_digits(p.mesh, r))}
             assert counted[r] == len(peers - {r}), f"rank {r}"
+        most = most_recv_peers(p.global_shape, step.before, step.after, p.mesh.axes)
+        assert most == counted.max()
+        assert exchange_peers(p, step) >= min(most, p.mesh.size - 1)
+
+
+def test_bench_reexports_the_planning_model():
+    import mpiredist.bench.model as bench_model
+    import mpiredist.planning.model as model
+    for name in ("Network", "Prediction", "predict", "step_rounds", "exchange_peers",
+                 "recv_peers", "ALPHA", "BETA", "MEMORY_BANDWIDTH"):
+        assert getattr(bench_model, name) is getattr(model, name), name
 
 
 def test_grow_mesh_rule():

@@ -1,29 +1,7 @@
-"""An alpha-beta model of a plan's run time, and the plan-only table.
+"""The plan-only table: every case scaled to N devices, planned and modelled.
 
-Each step costs ``rounds * alpha + bytes / beta``: ``bytes`` is the step's
-``bytes_sent_per_rank`` (DESIGN.md section 3), ``rounds`` the messages a
-rank sends one after another under the standard bandwidth-optimal
-algorithms, the same ones whose byte counts the plans use:
-
-============== =========================================================
-op             rounds on a sub-communicator of G ranks
-============== =========================================================
-all_gather     G - 1 (ring)
-reduce_scatter G - 1 (ring)
-all_to_all     G - 1 (pairwise exchange)
-all_reduce     2 (G - 1) (ring: reduce-scatter then all-gather)
-permute        1 (0 if no rank sends)
-exchange       distinct peers of the busiest rank (:func:`exchange_peers`)
-slice          0; costs a local copy of the result at memory bandwidth
-============== =========================================================
-
-Ring rounds rather than recursive doubling (log2 G) are used throughout
-because they are what sends the bytes counted; at large G the alpha term
-then dominates small messages, as it does for ring collectives.
-
-Defaults describe a current cluster: ``alpha`` 2 us per message (MPI over
-InfiniBand), ``beta`` 25 GB/s per rank (a 200 Gb/s HDR/NDR-class link),
-local copies at 100 GB/s.
+The time model itself (alpha-beta, its table of rounds per collective) is
+:mod:`mpiredist.planning.model`; its names are re-exported here.
 
 Scaling a case to N ranks (:func:`grow_mesh`, :func:`grow_shape`): N must
 be the case's mesh size times a power of two, ``2**k``.  Every mesh axis is
@@ -48,126 +26,24 @@ Examples
 import math
 from dataclasses import dataclass, replace
 
-import numpy as np
-
-from ..planning import planner
-from ..core.blocks import all_blocks, chunk
 from ..core.errors import MeshError, MpiredistError, PlanError
 from ..core.mesh import Mesh
-from ..planning.routing import exchange_sends
-from ..core.subaxes import group_size, rank_digits
+from ..planning import planner
+from ..planning.model import (ALPHA, BETA, MEMORY_BANDWIDTH, Network, Prediction,
+                              exchange_peers, predict, recv_peers, step_rounds)
 from .cases import load_cases, scaled
 
-__all__ = ["Network", "Prediction", "Row", "predict", "step_rounds", "exchange_peers",
-           "recv_peers", "grow_mesh", "grow_shape", "plan_only_table", "format_table",
-           "STRATEGIES", "ALPHA", "BETA", "MEMORY_BANDWIDTH"]
-
-ALPHA = 2e-6              # seconds per message (MPI latency over InfiniBand)
-BETA = 25e9               # bytes per second per rank (200 Gb/s link)
-MEMORY_BANDWIDTH = 100e9  # bytes per second for a local copy
+__all__ = ["Row", "grow_mesh", "grow_shape", "plan_only_table", "format_table", "STRATEGIES",
+           # re-exported from mpiredist.planning.model
+           "Network", "Prediction", "predict", "step_rounds", "exchange_peers", "recv_peers",
+           "ALPHA", "BETA", "MEMORY_BANDWIDTH"]
 
 STRATEGIES = planner.STRATEGIES + ("xla",)
 
-# Up to this many ranks, exchange send peers are counted from the routing
-# (a Python loop per rank); receive peers are counted for any mesh.
-EXACT_SEND_PEERS_RANKS = 64
-# Above this many ranks, ``collectives`` plans of uneven shapes are not built:
-# the planner's exact byte count for uneven all-to-alls costs O(G * P).
+# Above this many ranks, ``collectives`` plans of uneven shapes are not built
+# (their rows say so).  A limit of the table only: the planner now plans c13
+# on 65,536 ranks in a few ms and under 1 MiB (python -m mpiredist.bench.planning).
 UNEVEN_COLLECTIVES_RANKS = 4096
-
-
-@dataclass(frozen=True)
-class Network:
-    """Alpha-beta parameters: seconds per message, bytes per second."""
-
-    alpha: float = ALPHA
-    beta: float = BETA
-    memory_bandwidth: float = MEMORY_BANDWIDTH
-
-    def __post_init__(self):
-        for name in ("alpha", "beta", "memory_bandwidth"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value != value or value < 0 \
-                    or (name != "alpha" and value == 0):
-                raise ValueError(f"network {name} {value!r} must be a positive number"
-                                 + (" (or 0)" if name == "alpha" else ""))
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """Modelled time of a plan: total, message rounds, and per step."""
-
-    seconds: float
-    rounds: int
-    steps: tuple  # ((op, rounds, seconds), ...)
-
-
-def recv_peers(plan, step):
-    """Per rank: how many other ranks an ``exchange`` step receives from.
-
-    Exact and vectorised: a rank gets each source block that meets its
-    target block, except its own, from one holder (:mod:`mpiredist.planning.routing`).
-    """
-    mesh, shape = plan.mesh, plan.global_shape
-    src = all_blocks(shape, step.before, mesh.axes)
-    dst = all_blocks(shape, step.after, mesh.axes)
-    count = np.ones(mesh.size, dtype=np.int64)
-    held = np.ones(mesh.size, dtype=bool)
-    for n, group, (s0, s1), (d0, d1) in zip(shape, step.before.dims, src, dst):
-        k = group_size(group)
-        c = max(1, chunk(n, k))
-        count *= np.where(d1 > d0, np.minimum(k, -(-d1 // c)) - d0 // c, 0)
-        held &= np.minimum(s1, d1) > np.maximum(s0, d0)
-    return count - held
-
-
-def exchange_peers(plan, step):
-    """Distinct peers of the busiest rank in an ``exchange`` step.
-
-    The most receive peers of any rank (:func:`recv_peers`); up to
-    ``EXACT_SEND_PEERS_RANKS`` ranks the send peers are counted from the
-    routing too (a loop per rank), and the larger number is taken.
-    """
-    mesh = plan.mesh
-    best = int(recv_peers(plan, step).max(initial=0))
-    if mesh.size <= EXACT_SEND_PEERS_RANKS:
-        for r in range(mesh.size):
-            sends = exchange_sends(mesh, plan.global_shape, step.before, step.after,
-                                   rank_digits(mesh, r))
-            best = max(best, len({q for q, _ in sends} - {r}))
-    return min(best, mesh.size - 1)
-
-
-def step_rounds(plan, step):
-    """Messages a rank sends in ``step``, one after another (module table)."""
-    if step.op == "slice" or step.bytes_sent_per_rank == 0:
-        return 0
-    g = step.group_size
-    if step.op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return g - 1
-    if step.op == "all_reduce":
-        return 2 * (g - 1)
-    if step.op == "permute":
-        return 1
-    if step.op == "exchange":
-        return max(1, exchange_peers(plan, step))
-    raise ValueError(f"no round count for step op {step.op!r}")
-
-
-def predict(plan, network=None):
-    """Modelled seconds of ``plan`` on ``network`` (default :class:`Network`)."""
-    network = network or Network()
-    out, total, rounds = [], 0.0, 0
-    for step in plan.steps:
-        n = step_rounds(plan, step)
-        if step.op == "slice":
-            t = math.prod(step.local_shape_after) * plan.itemsize / network.memory_bandwidth
-        else:
-            t = n * network.alpha + step.bytes_sent_per_rank / network.beta
-        out.append((step.op, n, t))
-        total += t
-        rounds += n
-    return Prediction(total, rounds, tuple(out))
 
 
 def _log2_ratio(ranks, size, what):

@@ -4,6 +4,13 @@ For a dimension of length ``n`` split into ``k`` shards, shard ``p`` holds
 ``[p*c, min((p+1)*c, n))`` with ``c = ceil(n/k)`` (the XLA / ``torch.chunk``
 convention), possibly empty.  Everything here is pure arithmetic: any rank's
 block is known without communication.
+
+A figure over all ranks (the most elements any rank lacks, say) depends only
+on the digits of the sub-axes the layouts use, and every combination of those
+digits is some rank's.  :func:`slabs` numbers the combinations of such a
+*space* of sub-axes ``SLAB`` at a time, and :func:`slab_interval` gives each
+combination's shard, so those figures take a few small arrays whatever the
+number of ranks.
 """
 
 import math
@@ -11,10 +18,15 @@ from functools import lru_cache
 
 import numpy as np
 
-from .subaxes import all_digits, group_size
+from .subaxes import group_size
 
 __all__ = ["chunk", "interval", "aligned", "divides_evenly", "block_index", "local_shape",
-           "rank_block", "all_blocks", "overlap"]
+           "rank_block", "overlap", "SLAB", "slabs", "slab_digit", "slab_index",
+           "slab_interval"]
+
+# Digit combinations per slab: int64 arrays of 32 KiB, so that a figure over
+# the 65,536 ranks of a large mesh needs a few hundred KiB, not O(P) arrays.
+SLAB = 1 << 12
 
 
 def chunk(n, k):
@@ -70,30 +82,69 @@ def rank_block(global_shape, sublayout, digits):
                  for n, d in zip(global_shape, sublayout.dims))
 
 
-@lru_cache(maxsize=256)
-def all_blocks(global_shape, sublayout, mesh_axes):
-    """Per-dim ``(starts, stops)`` int arrays over all ranks (vectorised, cached).
-
-    ``global_shape`` must be a tuple; the arrays are read-only.
-    """
-    digits = all_digits(mesh_axes)
-    size = math.prod(s for _, s in mesh_axes)
-    out = []
-    for n, d in zip(global_shape, sublayout.dims):
-        p = np.zeros(size, dtype=np.int64)
-        for s in d:
-            p = p * s.size + digits[s]
-        c = chunk(n, group_size(d))
-        lo, hi = np.minimum(p * c, n), np.minimum((p + 1) * c, n)
-        lo.setflags(write=False)
-        hi.setflags(write=False)
-        out.append((lo, hi))
-    return tuple(out)
-
-
 def overlap(a, b):
     """Intersection of two per-dim interval tuples, or None if empty."""
     out = tuple((max(a0, b0), min(a1, b1)) for (a0, a1), (b0, b1) in zip(a, b))
     if any(lo >= hi for lo, hi in out):
         return None
     return out
+
+
+def slabs(space, size=SLAB):
+    """Yield int64 arrays numbering the digit combinations of ``space``.
+
+    ``space`` is a tuple of sub-axes; combination ``i`` gives each sub-axis
+    the digit of ``i`` in mixed radix over ``space`` (first sub-axis major).
+    The arrays hold at most ``size`` combinations each and together cover
+    all ``group_size(space)`` of them (one, numbered 0, for an empty space).
+    """
+    total, size = group_size(space), max(1, size)
+    for start in range(0, total, size):
+        yield np.arange(start, min(start + size, total), dtype=np.int64)
+
+
+@lru_cache(maxsize=1024)
+def _strides(space):
+    """Map each sub-axis of ``space`` to its place value in mixed radix over ``space``."""
+    out, stride = {}, 1
+    for s in reversed(space):
+        out[s] = stride
+        stride *= s.size
+    return out
+
+
+@lru_cache(maxsize=1024)
+def _runs(group, space):
+    """``(place value, radix)`` per run of ``group`` that is consecutive in ``space`` too.
+
+    A whole mesh axis is one run, so its index takes one division, not one
+    per prime factor.
+    """
+    strides, runs, last = _strides(space), [], None
+    for s in group:
+        if runs and strides[s] * s.size == last:
+            runs[-1] = (strides[s], runs[-1][1] * s.size)
+        else:
+            runs.append((strides[s], s.size))
+        last = strides[s]
+    return tuple(runs)
+
+
+def slab_digit(s, space, combos):
+    """Digit of sub-axis ``s`` in each combination of ``combos`` (over ``space``)."""
+    return combos // _strides(space)[s] % s.size
+
+
+def slab_index(group, space, combos):
+    """Mixed-radix index over ``group`` of each combination (0 for no group)."""
+    p = 0
+    for stride, radix in _runs(group, space):
+        p = p * radix + combos // stride % radix
+    return p
+
+
+def slab_interval(n, group, space, combos):
+    """``(starts, stops)`` of the shard of a dim of length ``n`` split over ``group``."""
+    c = chunk(n, group_size(group))
+    p = slab_index(group, space, combos)
+    return np.minimum(p * c, n), np.minimum(p * c + c, n)

@@ -10,13 +10,11 @@ the axis coordinate, major first.
 import math
 from functools import lru_cache
 
-import numpy as np
-
-__all__ = ["SubAxis", "SubLayout", "prime_factors", "sub_axes", "expand",
-           "group_size", "group_str", "rank_digits", "all_digits"]
+__all__ = ["SubAxis", "SubLayout", "prime_factors", "sub_axes", "mesh_sub_axes", "expand",
+           "group_size", "group_str", "rank_digits"]
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=1024)
 def prime_factors(n):
     """Prime factors of ``n`` in ascending order; ``()`` for 1."""
     out, p = [], 2
@@ -55,7 +53,7 @@ class SubAxis(tuple):
         return self.name if self.count == 1 else f"{self.name}:{self.index}"
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=256)
 def sub_axes(mesh_axes):
     """Map each axis name of ``mesh_axes`` (tuple of pairs) to its sub-axes."""
     out = {}
@@ -65,6 +63,16 @@ def sub_axes(mesh_axes):
         out[name] = tuple(SubAxis(name, i, f, len(factors), s)
                           for i, (f, s) in enumerate(zip(factors, strides)))
     return out
+
+
+def mesh_sub_axes(mesh_axes, keep=None):
+    """Sub-axes of ``mesh_axes`` in mesh order, major digits first (those in ``keep``).
+
+    With every sub-axis, the mixed-radix number of a rank's digits in this
+    order is the rank itself.
+    """
+    subs = sub_axes(mesh_axes)
+    return tuple(s for name, _ in mesh_axes for s in subs[name] if keep is None or s in keep)
 
 
 @lru_cache(maxsize=4096)
@@ -140,20 +148,4 @@ def rank_digits(mesh, rank):
     for (name, _), c in zip(mesh.axes, mesh.coords(rank)):
         for s in subs[name]:
             out[s] = (c // s.stride) % s.size
-    return out
-
-
-@lru_cache(maxsize=64)
-def all_digits(mesh_axes):
-    """Dict ``SubAxis -> int array`` of the digit of every rank (vectorised)."""
-    sizes = [s for _, s in mesh_axes]
-    ranks = np.arange(math.prod(sizes), dtype=np.int64)
-    coords = np.unravel_index(ranks, sizes) if sizes else ()
-    subs = sub_axes(mesh_axes)
-    out = {}
-    for (name, _), c in zip(mesh_axes, coords):
-        for s in subs[name]:
-            d = (c // s.stride) % s.size
-            d.setflags(write=False)
-            out[s] = d
     return out

@@ -14,10 +14,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..core.blocks import all_blocks, group_size
-from ..core.subaxes import all_digits
+from ..core.blocks import (SLAB, chunk, local_shape, slab_digit, slab_index, slab_interval,
+                           slabs)
+from ..core.subaxes import group_size, mesh_sub_axes
 
-__all__ = ["collective_bytes", "exchange_bytes", "lower_bound_bytes"]
+__all__ = ["collective_bytes", "exchange_bytes", "lower_bound_bytes", "most_missing",
+           "block_extremes", "group_sends", "exchange_messages", "most_met"]
 
 # Above this many (receiver, source block) pairs the exchange volume is taken
 # from the receive side (exact per receiver) instead of the send side.
@@ -36,33 +38,34 @@ def collective_bytes(op, operand, group):
     raise ValueError(f"no byte convention for collective {op!r}")
 
 
-def _volumes(boxes):
-    vol = None
-    for lo, hi in boxes:
-        n = np.maximum(hi - lo, 0)
-        vol = n if vol is None else vol * n
-    return vol
+@lru_cache(maxsize=1024)
+def block_extremes(shape, before, after, mesh_axes):
+    """``(missing, unsent)``: max over ranks of the elements of the rank's
+    ``after`` block not in its ``before`` block, and of the reverse.
+
+    Computed over the digits of the sub-axes either layout uses, a slab at a
+    time (:func:`mpiredist.core.blocks.slabs`): no per-rank arrays.
+    """
+    space = mesh_sub_axes(mesh_axes, before.used() | after.used())
+    missing = unsent = 0
+    for combos in slabs(space):
+        have = need = kept = 1
+        for n, b, a in zip(shape, before.dims, after.dims):
+            s0, s1 = slab_interval(n, b, space, combos)
+            d0, d1 = slab_interval(n, a, space, combos)
+            have, need = have * (s1 - s0), need * (d1 - d0)
+            kept = kept * np.maximum(np.minimum(s1, d1) - np.maximum(s0, d0), 0)
+        missing = max(missing, int(np.max(need - kept)))
+        unsent = max(unsent, int(np.max(have - kept)))
+    return missing, unsent
 
 
-def _held(shape, before, after, mesh_axes):
-    """Per rank: elements of its target block that it already holds."""
-    src = all_blocks(shape, before, mesh_axes)
-    dst = all_blocks(shape, after, mesh_axes)
-    inter = [(np.maximum(s0, d0), np.minimum(s1, d1)) for (s0, s1), (d0, d1) in zip(src, dst)]
-    size = math.prod(s for _, s in mesh_axes)
-    if not shape:
-        return np.ones(size, dtype=np.int64), np.ones(size, dtype=np.int64)
-    return _volumes(inter), _volumes(dst)
+def most_missing(shape, before, after, mesh_axes):
+    """Max over ranks: elements of its ``after`` block not in its ``before`` block."""
+    return block_extremes(shape, before, after, mesh_axes)[0]
 
 
-@lru_cache(maxsize=256)
-def missing_elements(shape, before, after, mesh_axes):
-    """Per rank: elements of its ``after`` block not in its ``before`` block."""
-    held, need = _held(shape, before, after, mesh_axes)
-    return need - held
-
-
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=1024)
 def exchange_bytes(shape, itemsize, before, after, mesh_axes):
     """``(bytes, exact)``: max over ranks of bytes an exchange sends or receives.
 
@@ -72,68 +75,49 @@ def exchange_bytes(shape, itemsize, before, after, mesh_axes):
     """
     size = math.prod(s for _, s in mesh_axes)
     sources = math.prod(group_size(g) for g in before.dims)
+    recv = most_missing(shape, before, after, mesh_axes)
     if size * sources > EXACT_PAIR_LIMIT or not shape:
-        return int(missing_elements(shape, before, after, mesh_axes).max(initial=0)) * itemsize, \
-            not shape
-    sent = _exact_sends(shape, before, after, mesh_axes).max(initial=0)
-    recv = missing_elements(shape, before, after, mesh_axes).max(initial=0)
-    return int(max(sent, recv)) * itemsize, True
+        return recv * itemsize, not shape
+    return max(_most_sent(shape, before, after, mesh_axes), recv) * itemsize, True
 
 
-def _rank_strides(mesh_axes):
-    """Rank increment of one unit of each sub-axis digit."""
-    strides, stride = {}, 1
-    for name, size in reversed(mesh_axes):
-        strides[name] = stride
-        stride *= size
-    return {s: s.stride * strides[s.name] for s in all_digits(mesh_axes)}
+def _most_sent(shape, before, after, mesh_axes):
+    """Max over ranks of elements an exchange sends to others (routing.exchange_sends).
 
-
-def _flat(digits, group):
-    q = 0
-    for s in group:
-        q = q * s.size + digits[s]
-    return q
-
-
-def _set(ranks, digits, strides, group, q):
-    """Ranks with the digits of ``group`` replaced by the mixed-radix value ``q``."""
-    for s in reversed(group):
-        q, d = np.divmod(q, s.size)
-        ranks = ranks + (d - digits[s]) * strides[s]
-    return ranks
-
-
-def _box_volume(src, dst, r, swap=False):
-    """Per rank q: |src(q) & dst(r[q])|, or |src(r[q]) & dst(q)| with ``swap``."""
-    vol = None
-    for (s0, s1), (d0, d1) in zip(src, dst):
-        if swap:
-            n = np.maximum(np.minimum(s1[r], d1) - np.maximum(s0[r], d0), 0)
-        else:
-            n = np.maximum(np.minimum(s1, d1[r]) - np.maximum(s0, d0[r]), 0)
-        vol = n if vol is None else vol * n
-    return vol
-
-
-def _exact_sends(shape, before, after, mesh_axes):
-    """Per rank: elements an exchange sends to others (see routing.exchange_sends)."""
-    digits, strides = all_digits(mesh_axes), _rank_strides(mesh_axes)
+    Rank ``q`` sends, for each setting ``u`` of the shard digits but its own,
+    the part of its block that the rank with shard digits ``u`` and free
+    digits ``own free - u`` needs.  Arrays are (ranks of a slab) x (all ``u``),
+    at most ``SLAB`` entries (the caller keeps ranks x sources that small).
+    """
+    space = mesh_sub_axes(mesh_axes)            # combination number == rank
     taken = before.used() | frozenset(before.partial)
-    shard = tuple(s for s in digits if s in before.used())
-    free = tuple(s for s in digits if s not in taken)
-    nfree = group_size(free)
-    size = math.prod(s for _, s in mesh_axes)
-    ranks = np.arange(size)
-    own_shard, own_free = _flat(digits, shard), _flat(digits, free)
-    src = all_blocks(shape, before, mesh_axes)
-    dst = all_blocks(shape, after, mesh_axes)
-    sent = np.zeros(size, dtype=np.int64)
-    for u in range(group_size(shard)):
-        r = _set(ranks, digits, strides, shard, np.full(size, u))
-        r = _set(r, digits, strides, free, (own_free - u) % nfree)
-        sent += np.where(own_shard != u, _box_volume(src, dst, r), 0)
-    return sent
+    shard = tuple(s for s in space if s in before.used())
+    free = tuple(s for s in space if s not in taken)
+    u = np.arange(group_size(shard), dtype=np.int64)[None, :]
+    most = 0
+    for q in slabs(space, SLAB // u.size):
+        q = q[:, None]
+        src = [slab_interval(n, g, space, q) for n, g in zip(shape, before.dims)]
+        rotated = (slab_index(free, space, q) - u) % group_size(free)
+        where = dict.fromkeys(shard, (shard, u)) | dict.fromkeys(free, (free, rotated))
+        vol = _overlap_volume(shape, src, after,
+                              lambda s: slab_digit(s, *where.get(s, (space, q))))
+        sent = np.where(slab_index(shard, space, q) != u, vol, 0).sum(axis=1)
+        most = max(most, int(np.max(sent)))
+    return most
+
+
+def _overlap_volume(shape, src, after, digit):
+    """Per rank: elements of its ``src`` boxes in the ``after`` block whose
+    sub-axis digits ``digit(s)`` gives."""
+    vol = 1
+    for n, (s0, s1), group in zip(shape, src, after.dims):
+        c, p = chunk(n, group_size(group)), 0
+        for s in group:
+            p = p * s.size + digit(s)
+        d0, d1 = np.minimum(p * c, n), np.minimum(p * c + c, n)
+        vol = vol * np.maximum(np.minimum(s1, d1) - np.maximum(s0, d0), 0)
+    return vol
 
 
 def group_sends(shape, itemsize, op, before, after, mesh_axes):
@@ -143,19 +127,15 @@ def group_sends(shape, itemsize, op, before, after, mesh_axes):
     (G-1)/G convention undercounts.  Within a group the data is conserved,
     so a rank of an all-to-all sends all of its block but what it keeps and
     receives all of its new block but what it had; in a ring reduce-scatter
-    every part but one passes through each member.
+    every part but one passes through each member: the largest ``before``
+    block less the smallest ``after`` block (the first and the last shard of
+    every dim, since each dim's shard index ranges freely).
     """
-    src = all_blocks(shape, before, mesh_axes)
-    dst = all_blocks(shape, after, mesh_axes)
-    have, need = _volumes(src), _volumes(dst)
     if op == "reduce_scatter":
-        # a ring reduce-scatter passes every part but one through each rank
-        sent, recv = have - need, have.max(initial=0) - (need.min() if need.size else 0)
-    else:
-        kept = _volumes([(np.maximum(s0, d0), np.minimum(s1, d1))
-                         for (s0, s1), (d0, d1) in zip(src, dst)])
-        sent, recv = have - kept, need - kept
-    return int(max(sent.max(initial=0), recv.max(initial=0))) * itemsize
+        least = math.prod(max(0, n - (group_size(g) - 1) * chunk(n, group_size(g)))
+                          for n, g in zip(shape, after.dims))
+        return max(0, math.prod(local_shape(shape, before)) - least) * itemsize
+    return max(block_extremes(shape, before, after, mesh_axes)) * itemsize
 
 
 def lower_bound_bytes(shape, itemsize, src, dst, mesh_axes):
@@ -166,7 +146,7 @@ def lower_bound_bytes(shape, itemsize, src, dst, mesh_axes):
     """
     if any(s not in dst.partial for s in src.partial):
         return math.prod(-(-n // group_size(d)) for n, d in zip(shape, dst.dims)) * itemsize
-    return int(missing_elements(shape, src, dst, mesh_axes).max(initial=0)) * itemsize
+    return most_missing(shape, src, dst, mesh_axes) * itemsize
 
 
 def exchange_messages(shape, before, after):
@@ -177,12 +157,25 @@ def exchange_messages(shape, before, after):
                      for n, b, a in zip(shape, before.counts(), after.counts()))
 
 
+@lru_cache(maxsize=4096)
 def most_met(n, k_from, k_to):
-    """The most of ``k_to`` chunks of ``n`` that one of ``k_from`` chunks meets."""
+    """The most of ``k_to`` chunks of ``n`` that one of ``k_from`` chunks meets.
+
+    A full ``from`` chunk starting at ``lo`` meets ``ceil((lo % c_to +
+    c_from) / c_to)`` chunks, and ``lo % c_to`` repeats with period
+    ``c_to / gcd(c_from, c_to)``: one period of full chunks (``SLAB`` at a
+    time, until the most possible is found) and the last chunk decide.
+    """
+    if n == 0:
+        return 1
     c_from, c_to = -(-n // k_from), -(-n // k_to)
-    most = 1
-    for p in range(k_from):
-        lo, hi = min(n, p * c_from), min(n, (p + 1) * c_from)
-        if hi > lo:
-            most = max(most, -(-hi // c_to) - lo // c_to)
+    m = -(-n // c_from)                     # non-empty from chunks; the last may be short
+    ceiling = -(-(c_to - 1 + c_from) // c_to)
+    most = max(1, -(-n // c_to) - (m - 1) * c_from // c_to)
+    full = min(m - 1, c_to // math.gcd(c_from, c_to))
+    for start in range(0, full, SLAB):
+        if most >= ceiling:
+            break
+        lo = np.arange(start, min(start + SLAB, full), dtype=np.int64) * c_from
+        most = max(most, int(np.max(-(-(lo + c_from) // c_to) - lo // c_to)))
     return most

@@ -25,7 +25,7 @@ import numpy as np
 from . import normal_form as nf
 from ..core.blocks import divides_evenly, local_shape
 from .costs import (collective_bytes, exchange_bytes, exchange_messages, group_sends,
-                    lower_bound_bytes, missing_elements)
+                    lower_bound_bytes, most_missing)
 from ..core.errors import PlanError, ShapeError
 from ..core.layout import Layout
 from ..core.mesh import Mesh
@@ -153,7 +153,7 @@ def _exchange(state, T):
 
 def _direct(shape, S, T, mesh_axes):
     state, moves = _reduce_all(S, T)
-    if state != T and not missing_elements(shape, state, T, mesh_axes).any():
+    if state != T and not most_missing(shape, state, T, mesh_axes):
         # every rank already holds its target block: a local slice
         return moves + [("slice", (), tuple(range(len(T.dims))), T)], ""
     return moves + _exchange(state, T), ""

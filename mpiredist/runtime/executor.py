@@ -40,7 +40,7 @@ from ..core.errors import CommunicationError
 from ..planning.budget import MARGIN, assess
 from ..planning.routing import member_digits, permute_dest, permute_source
 from .context import Context, Region, StepRecord, c_contiguous, relative, volume
-from .packing import exchange_peers, group_sides, move
+from .packing import exchange_peers, group_sides, move, one_call
 
 __all__ = ["execute", "run_steps", "run_step", "after_slice", "mpi_op", "Region", "StepRecord"]
 
@@ -166,7 +166,7 @@ def _group_move(ctx, index, region, into):
         _allgatherv(ctx, comm, region, out, pieces_in)
     else:
         move(ctx, comm, region, out, pieces_out, pieces_in, comm.Get_size() - 1,
-             group_sides(step, not ctx.sliced))
+             group_sides(step, not ctx.sliced), one_call(ctx, step))
     return out, sent * ctx.itemsize
 
 
@@ -273,7 +273,7 @@ def _exchange(ctx, index, region, into):
     pieces_out, pieces_in = ctx.exchange_pieces(index)
     sent = sum(math.prod(s) for r, (_, s) in pieces_out.items() if r != mc.rank)
     move(ctx, mc.comm, region, out, pieces_out, pieces_in, exchange_peers(ctx.plan, step),
-         ctx.exchange_sides(index, not ctx.sliced))
+         ctx.exchange_sides(index, not ctx.sliced), one_call(ctx, step))
     return out, sent * ctx.itemsize
 
 

@@ -154,3 +154,34 @@ def test_constructor_with_bad_layout_on_one_rank_raises_everywhere():
     except ValueError as exc:
         err = exc
     all_ok(COMM, isinstance(err, (mr.LayoutError, mr.RemoteError)), f"raised {err!r}")
+
+
+@pytest.mark.mpi
+def test_unchecked_runs_match_and_a_bad_block_raises_on_its_rank_without_a_hang():
+    shape = (3 * SIZE + 2, 6)
+    src, dst = "[{x}, {}]", "[{}, {x}]"
+    local, want = _blocks(src, dst, shape, "float32")
+    t = mr.Transfer(shape, "float32", MESH, src, dst, checked=False)
+    out = np.empty(t.target_shape, "float32")
+    for _ in range(3):
+        all_array_equal(COMM, t.run(local, out=out), want, "unchecked run")
+    bad = local[:, :1] if RANK == 0 else local     # wrong shape on rank 0 only
+    try:
+        t.run(bad)
+        err = None
+    except ValueError as exc:
+        err = exc
+    all_ok(COMM, isinstance(err, mr.ShapeError) == (RANK == 0), f"rank {RANK}: {err!r}")
+    all_array_equal(COMM, t.run(local), want, "every rank is still in step")
+    t.free()
+
+
+@pytest.mark.mpi
+def test_unchecked_with_donation_is_refused_on_every_rank():
+    try:
+        mr.Transfer((2 * SIZE, 2), "float32", MESH, "[{x}, {}]", "[{}, {x}]", donate=True,
+                    checked=False)
+        err = None
+    except ValueError as exc:
+        err = exc
+    all_ok(COMM, isinstance(err, mr.PlanError), f"raised {err!r}")

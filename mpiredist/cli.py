@@ -67,7 +67,7 @@ class PlanCommand:
         parser.add_argument("--strategy", default="collectives", choices=STRATEGIES,
                             help=STRATEGY_HELP + " (default collectives)")
         parser.add_argument("--json", action="store_true",
-                            help="print the plan as one JSON object (DESIGN.md section 4)")
+                            help="print the plan as one JSON object (README: Plans)")
 
     @staticmethod
     def run(args):

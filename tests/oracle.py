@@ -1,6 +1,6 @@
 """An independent reference for block geometry and redistribution results.
 
-Written only from DESIGN.md section 2, with numpy and the standard library;
+Written only from docs/semantics.md (Mesh, Layout, Local block), with numpy and the standard library;
 it deliberately imports nothing from ``mpiredist`` so that a shared mistake
 cannot make the planner and its tests agree.
 
@@ -194,7 +194,7 @@ def reduce_groups(blocks, mesh_axes, partial, op):
 # -- helpers shared by the planner tests -------------------------------------
 
 def layout_text(dims, partial=(), op="sum"):
-    """The text form of DESIGN.md, e.g. ``[{x,y}, {}] sum{z}``."""
+    """The text form of docs/semantics.md (Layout), e.g. ``[{x,y}, {}] sum{z}``."""
     text = "[" + ", ".join("{" + ",".join(d) + "}" for d in dims) + "]"
     if partial:
         text += f" {op}{{" + ",".join(partial) + "}"

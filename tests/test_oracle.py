@@ -1,4 +1,4 @@
-"""The reference oracle checked against hand-written examples of DESIGN.md section 2."""
+"""The reference oracle checked against hand-written examples of docs/semantics.md (Local block)."""
 
 import numpy as np
 import pytest

@@ -5,7 +5,7 @@ that is whole locally, then redistribute to make the remaining dims whole
 (moving their mesh axes onto dims already transformed), and repeat.  On a 1-D
 mesh this is the slab decomposition; on a 2-D mesh (``[{x}, {y}, {}]``) the
 pencil decomposition.  Each redistribution is one planned collective step
-(an all-to-all for even shapes) within the memory bound of DESIGN.md.
+(an all-to-all for even shapes) within the memory bound (docs/semantics.md).
 
 Layouts, for a 1-D mesh ``x`` (the output stays transposed unless
 ``out_layout`` asks otherwise, as in FFTW's ``TRANSPOSED_OUT``)::

@@ -10,7 +10,7 @@ exactly a layout: ``split=d`` is ``x`` on dim ``d`` and nothing elsewhere::
     split=-1,   ndim=3   <->  [{}, {}, {x}]
 
 The conversions are pure (no MPI); only :func:`resplit` and :func:`resplit_`
-communicate.  Block boundaries follow DESIGN.md (``ceil(N / P)`` per rank,
+communicate.  Block boundaries follow docs/semantics.md (``ceil(N / P)`` per rank,
 trailing ranks possibly empty), which is also what HeAT's ``chunk`` gives for
 ``N`` divisible by ``P``; for uneven lengths HeAT spreads the remainder over
 the first ranks instead, so blocks may differ by a row from HeAT's.

@@ -1,6 +1,6 @@
 """Measured peak memory of a call: bytes newly allocated at its peak (E).
 
-``E`` is DESIGN.md's runtime memory figure: with :mod:`tracemalloc`
+``E`` is the memory contract's figure (docs/semantics.md): with :mod:`tracemalloc`
 tracing (numpy reports its buffers to it), reset the peak, note the memory
 currently traced, run the call; ``E = peak - current before``.  Whatever the
 call returns and keeps alive counts, buffers it frees before returning count

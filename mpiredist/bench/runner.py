@@ -367,7 +367,7 @@ def _same(out, expected):
 
 
 def _limit(name, s, t, workspace):
-    """DESIGN.md section 3: ``max(S,T) + W``, or ``max(0, T-S) + W`` donated."""
+    """The memory contract (docs/semantics.md): ``max(S,T) + W``, or ``max(0, T-S) + W`` donated."""
     return (max(0, t - s) if name == "donated" else max(s, t)) + workspace
 
 

@@ -1,7 +1,7 @@
 """The runtime memory contract, predicted from a plan before it runs.
 
 E is the number of bytes a call newly allocates at its peak; W the
-workspace budget (default ``max(S, T) // 4 + 1 MiB``).  DESIGN.md section 3:
+workspace budget (default ``max(S, T) // 4 + 1 MiB``).  docs/semantics.md, Memory contract:
 
 - not donated: E <= max(S, T) + W
 - donated:     E <= max(0, T - S) + W

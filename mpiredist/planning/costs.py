@@ -1,4 +1,4 @@
-"""Bytes sent per rank, by the conventions of DESIGN.md section 3.
+"""Bytes sent per rank, by the conventions of docs/semantics.md (Plans).
 
 With ``G`` the sub-communicator size and ``operand`` the largest local input
 (for all-to-all and reduce-scatter on uneven shards, and for exchange, the

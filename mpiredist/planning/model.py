@@ -1,7 +1,7 @@
 """An alpha-beta model of a plan's run time.
 
 Each step costs ``rounds * alpha + bytes / beta``: ``bytes`` is the step's
-``bytes_sent_per_rank`` (DESIGN.md section 3), ``rounds`` the messages a
+``bytes_sent_per_rank`` (docs/semantics.md, Plans), ``rounds`` the messages a
 rank sends one after another under the standard bandwidth-optimal
 algorithms, the same ones whose byte counts the plans use:
 

@@ -1,6 +1,6 @@
 """Plans: immutable, inspectable sequences of redistribution steps.
 
-Step kinds (DESIGN.md section 3) and what ``dims`` means for each:
+Step kinds (docs/semantics.md, Plans) and what ``dims`` means for each:
 
 ============== ============================== ==================================
 op             dims                           MPI (executor)
@@ -77,7 +77,7 @@ class Plan:
     """A redistribution of one array from ``src`` to ``dst`` on ``mesh``.
 
     Byte counts are per rank (maxima over ranks) with the bandwidth-optimal
-    conventions of DESIGN.md section 3.  ``bytes_sent_per_rank`` is the sum
+    conventions of docs/semantics.md (Plans).  ``bytes_sent_per_rank`` is the sum
     over steps of each step's figure.
     """
 

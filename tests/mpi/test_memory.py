@@ -1,4 +1,4 @@
-"""The runtime memory contract, measured with tracemalloc (DESIGN.md section 3).
+"""The runtime memory contract, measured with tracemalloc (docs/semantics.md, Memory contract).
 
 E = bytes newly allocated by ``redistribute`` at its peak.  With S, T the
 source and target block bytes and W the default workspace:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The one test command: serial (MPI-free) suite, then the MPI suite under
-# mpiexec for each rank count.
+# The one test command: serial (MPI-free) suite, the import layers
+# (lint-imports), then the MPI suite under mpiexec for each rank count.
 #
 #   bash scripts/test.sh
 #   MPIREDIST_TEST_RANKS="2 4" bash scripts/test.sh     # fewer rank counts
@@ -51,6 +51,22 @@ if [ "$rc" = 0 ]; then
     record "serial" "ok" "$t"
 else
     record "serial" "FAILED (pytest rc=$rc)" "$t"
+    FAILED=1
+fi
+
+header "import layers: lint-imports (contracts in pyproject.toml)"
+t="$(now)"
+rc=0
+if command -v lint-imports >/dev/null; then
+    lint-imports --no-cache || rc=$?
+else
+    log "error: no lint-imports on PATH; install the test extra (pip install -e '.[test]')"
+    rc=127
+fi
+if [ "$rc" = 0 ]; then
+    record "import layers" "ok" "$t"
+else
+    record "import layers" "FAILED (lint-imports rc=$rc)" "$t"
     FAILED=1
 fi
 

@@ -45,6 +45,17 @@ def records():
     return report.add_ratios(recs)
 
 
+@pytest.fixture(params=["library", "plain"])
+def display(request, monkeypatch):
+    """Run a test with tabulate and tqdm, then with the plain-text fallback."""
+    if request.param == "library":
+        if report.display_libraries() is None:
+            pytest.skip("tabulate or tqdm is not installed (the bench extra)")
+    else:
+        monkeypatch.setattr(report, "display_libraries", lambda: None)
+    return request.param
+
+
 def test_geomean():
     assert report.geomean([1, 4]) == pytest.approx(2.0)
     assert report.geomean([2, None, 0, -1, float("nan"), 8]) == pytest.approx(4.0)
@@ -104,12 +115,13 @@ def test_findings_name_slow_inplace_runs_and_contract_breaches(records):
     assert not any("replicate allocated" in l for l in lines)       # only in-place runs
 
 
-def test_table_is_fixed_width(records):
+def test_table_is_fixed_width(records, display):
     records[0]["correct"] = False
     text = report.format_table(records)
     lines = text.splitlines()
     assert lines[0].split()[:3] == ["case", "mesh", "strategy"]
-    assert set(lines[1]) == {"-"}
+    assert set(lines[1]) == {"-", " "}
+    assert len(lines[1].split()) == 18                          # a rule under each column
     assert len(lines) == 2 + len(records)
     ends = {len(l) for l in lines[2:]}
     assert len(ends) == 1                                       # right-aligned columns
@@ -123,10 +135,15 @@ def test_table_is_fixed_width(records):
     assert flags["inplacec02_b"] == " NO" and flags["inplacec01_a"] == "yes"
 
 
-def test_summary_text(records):
+def test_summary_text(records, display):
     text = report.format_summary(report.summarize(records))
-    assert "inplace        1.50 (c02_b), geomean 1.22, within limit 1/2" in text
     lines = text.splitlines()
+    i = next(k for k, l in enumerate(lines) if l.startswith("E/max(S,T) per strategy"))
+    assert lines[i + 1].split() == ["strategy", "worst", "case", "geomean", "within"]
+    rows = {l.split()[0]: l.split() for l in lines[i + 2:i + 9]}
+    assert rows["inplace"] == ["inplace", "1.50", "c02_b", "1.22", "1/2"]
+    assert rows["replicate"] == ["replicate", "3.00", "c01_a", "1.73", "1/2"]
+    assert len(rows) == 7                                       # one row per strategy
     i = next(k for k, l in enumerate(lines) if l.startswith("median time / median of"))
     assert "1.3x" in lines[i]
     assert lines[i + 1].split() == ["case", "inplace", "donated"]
@@ -153,21 +170,51 @@ def test_json_converts_numpy_scalars():
     assert json.loads(report.to_json([rec], {}))["records"][0]["bytes_sent_per_rank"] == 3
 
 
-def test_progress_bar():
+def _frames(text):
+    """The lines a carriage-return progress bar drew, in order."""
+    return [f.rstrip() for f in text.replace("\n", "\r").split("\r") if f.strip()]
+
+
+def test_progress_bar(display):
     out = io.StringIO()
-    bar = report.Progress(4, stream=out, width=8)
+    bar = report.Progress(4, stream=out, width=8, interval=0)
     bar.step("c04 xla")
     bar.skip(1)
     bar.step("c05 raw")
+    assert bar.done == 3
     bar.close()
     text = out.getvalue()
-    assert text.startswith("\r[##      ] 1/4 c04 xla")
-    assert "\r[######  ] 3/4 c05 raw" in text and text.endswith("\n")
+    frames = _frames(text)
+    assert any(f.startswith(("[##      ] 1/4", "1/4")) and f.endswith("c04 xla")
+               for f in frames)
+    assert frames[-1].startswith(("[######  ] 3/4", "3/4")) and frames[-1].endswith("c05 raw")
+    assert text.endswith("\n")
+    if display == "library":
+        assert "[{}] 1/4".format("##".ljust(8)) in text            # tqdm's bar, 8 wide
     quiet = io.StringIO()
     bar = report.Progress(4, stream=quiet, enabled=False)
     bar.step("x")
     bar.close()
     assert quiet.getvalue() == ""
+
+
+def test_progress_never_counts_past_the_total(display):
+    out = io.StringIO()
+    bar = report.Progress(2, stream=out, interval=0)
+    bar.skip(1)
+    bar.step("c01 raw", n=5)
+    bar.step("c01 xla")
+    assert bar.done == 2
+    bar.close()
+    assert not any(" 3/2" in f or f.startswith("3/2") for f in _frames(out.getvalue()))
+
+
+def test_missing_display_libraries_give_one_note(monkeypatch, capsys):
+    from mpiredist.bench import __main__ as bench_main
+    monkeypatch.setattr(report, "display_libraries", lambda: None)
+    bench_main._note_plain_text()
+    err = capsys.readouterr().err
+    assert err == report.MISSING_NOTE + "\n" and "mpiredist[bench]" in err
 
 
 def test_plot(records, tmp_path):

@@ -69,7 +69,7 @@ ranks; the table gives median, min and max over rounds, GB/s = bytes sent
 per rank (counted by the executor) / median.  Planning is outside the timing.
 --quick = --scale {qs} --repeats {qr} (unless given).
 
-memory contract (DESIGN.md section 3), per rank, W = max(S,T)/4 + 1 MiB of the
+memory contract (docs/semantics.md), per rank, W = max(S,T)/4 + 1 MiB of the
 strategy's plan: limit = max(S,T) + W, or max(0, T-S) + W for donated; the
 table gives E/max(S,T), limit/max(S,T) and E<=lim; "x coll" is the median
 time over collectives' median.
@@ -255,6 +255,8 @@ def _run(args, opts, comm):
         if root:
             print(f"error: {next(e for e in errors if e)}", file=sys.stderr)
         return 2
+    if root:
+        _note_plain_text()
     total = runner.count_runs(entries, opts.strategies, opts.repeats)
     progress = report.Progress(total, enabled=root and not args.no_progress)
     t0 = time.perf_counter()
@@ -286,6 +288,14 @@ def _run(args, opts, comm):
             report.plot(records, args.plot)
     comm.Barrier()                                # files exist on return, for every rank
     return 0 if summary["all_correct"] else 1
+
+
+def _note_plain_text():
+    """Say on stderr, in one line, that tables and progress are plain text."""
+    from . import report
+
+    if report.display_libraries() is None:
+        print(report.MISSING_NOTE, file=sys.stderr)
 
 
 def _skipped_lines(skipped):

@@ -1,17 +1,21 @@
-"""Benchmark results: ratios, summary, findings, table, JSON, plot, progress.
+"""Benchmark results: ratios, summary, findings, tables, JSON, plot, progress.
 
 Everything here is plain Python over the records of
 :func:`mpiredist.bench.runner.run_suite` (dicts, one per case and strategy);
-no MPI.  matplotlib is imported only by :func:`plot`.
+no MPI.  Tables and the progress bar use tabulate and tqdm (the ``bench``
+extra), imported only by :func:`display_libraries`; without them both fall
+back to plain text.  matplotlib is imported only by :func:`plot`.
 """
 
 import json
 import math
+import statistics
 import sys
 
-__all__ = ["NOISE", "INPLACE_TARGET", "REQUIRED_KEYS", "Progress", "geomean", "add_ratios",
-           "inplace_ratios", "summarize", "findings", "format_summary", "format_table",
-           "to_json", "write_json", "plot", "require_matplotlib"]
+__all__ = ["NOISE", "INPLACE_TARGET", "REQUIRED_KEYS", "MISSING_NOTE", "Progress",
+           "display_libraries", "geomean", "add_ratios", "inplace_ratios", "summarize",
+           "findings", "format_summary", "format_table", "to_json", "write_json", "plot",
+           "require_matplotlib"]
 
 # A median ratio above this is a difference, not noise (shared 2-core machines).
 NOISE = 1.05
@@ -24,46 +28,115 @@ REQUIRED_KEYS = ("case", "strategy", "ranks", "median_s", "min_s", "max_s",
                  "lower_bound_bytes_per_rank", "peak_bytes", "peak_over_max",
                  "limit_bytes", "within_limit", "correct", "gbps")
 
+MISSING_NOTE = ("note: tabulate or tqdm is not installed (pip install 'mpiredist[bench]'); "
+                "plain-text tables and progress")
 
-class Progress:
-    """A plain-text progress bar: ``\\r[####      ] 12/40 c04 xla`` on ``stream``."""
+# tqdm's bar: [#####     ] 12/40 [00:03<00:07] c04 xla
+BAR_FORMAT = "[{bar:%d}] {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {desc}"
 
-    def __init__(self, total, stream=None, width=30, enabled=True):
-        self.total, self.done, self.width = max(0, total), 0, width
-        self.stream = sys.stderr if stream is None else stream
-        self.enabled = enabled
-        self._last = 0
 
-    def step(self, label="", n=1):
-        self.done = min(self.total, self.done + n)
-        self._draw(label)
+def display_libraries():
+    """Return ``(tabulate, tqdm)``, or None if either is missing.
 
-    def skip(self, n):
-        """Count ``n`` runs that will not happen (a strategy that does not apply)."""
-        self.done = min(self.total, self.done + n)
+    The one place the optional display libraries are imported.
 
-    def _draw(self, label):
-        if not self.enabled:
-            return
-        filled = self.width * self.done // self.total if self.total else self.width
-        text = f"\r[{'#' * filled}{' ' * (self.width - filled)}] {self.done}/{self.total} {label}"
-        pad = max(0, self._last - len(text))
-        self.stream.write(text + " " * pad)
+    Returns
+    -------
+    tuple of (callable, type) or None
+        ``tabulate.tabulate`` and ``tqdm.tqdm``; None means plain text.
+    """
+    try:
+        from tabulate import tabulate
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tabulate, tqdm
+
+
+class _PlainBar:
+    """The fallback of tqdm's bar: ``\\r12/40 c04 xla`` lines on ``stream``."""
+
+    def __init__(self, total, stream):
+        self.total, self.n, self.stream = total, 0, stream
+        self._label, self._last = "", 0
+
+    def set_description_str(self, label, refresh=False):
+        self._label = label
+
+    def update(self, n=1):
+        self.n += n
+        text = f"\r{self.n}/{self.total} {self._label}"
+        self.stream.write(text + " " * max(0, self._last - len(text)))
         self.stream.flush()
         self._last = len(text)
 
     def close(self):
-        if self.enabled and self._last:
+        if self._last:
             self.stream.write("\n")
             self.stream.flush()
+
+
+class Progress:
+    """A progress bar of runs done out of ``total`` on ``stream`` (stderr).
+
+    tqdm's bar (``[####    ] 12/40 [00:03<00:07] c04 xla``), or plain text
+    without tqdm; nothing at all when not ``enabled`` (ranks other than 0).
+
+    Parameters
+    ----------
+    total : int
+        Runs expected.
+    stream : file, optional
+        Where to draw (default ``sys.stderr``).
+    width : int
+        Characters of the bar.
+    enabled : bool
+        False: draw nothing.
+    interval : float
+        Least seconds between two redraws (tqdm's ``mininterval``).
+    """
+
+    def __init__(self, total, stream=None, width=30, enabled=True, interval=0.1):
+        self.total = max(0, total)
+        self._bar = (_make_bar(self.total, sys.stderr if stream is None else stream,
+                               width, interval) if enabled else None)
+
+    @property
+    def done(self):
+        """Runs counted so far (0 when disabled)."""
+        return 0 if self._bar is None else self._bar.n
+
+    def step(self, label="", n=1):
+        """Count ``n`` runs and show ``label`` (the last run's case and strategy)."""
+        if self._bar is not None:
+            self._bar.set_description_str(label, refresh=False)
+            self._bar.update(min(n, self.total - self._bar.n))
+
+    def skip(self, n):
+        """Count ``n`` runs that will not happen (a strategy that does not apply)."""
+        if self._bar is not None:
+            self._bar.update(min(n, self.total - self._bar.n))
+
+    def close(self):
+        """End the bar's line."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _make_bar(total, stream, width, interval):
+    """tqdm's bar, or the plain one without the display libraries."""
+    libs = display_libraries()
+    if libs is None:
+        return _PlainBar(total, stream)
+    return libs[1](total=total, file=stream, bar_format=BAR_FORMAT % width, ascii=" #",
+                   mininterval=interval, dynamic_ncols=False)
 
 
 def geomean(values):
     """Geometric mean of the positive finite ``values``; None if there are none."""
     xs = [float(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
-    if not xs:
-        return None
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+    return statistics.geometric_mean(xs) if xs else None
 
 
 def _by_case(records):
@@ -213,69 +286,101 @@ def _yes(flag):
 _EXEC = {"out of place": "out", "in place": "in", "raw MPI": "raw"}
 
 
+_HEAD = ("case", "mesh", "strategy", "exec", "median ms", "min ms", "max ms", "GB/s",
+         "sent MiB", "plan MiB", "bound MiB", "E/max", "lim/max", "E<=lim", "ok",
+         "x raw", "x xla", "x coll")
+_LEFT = 4                                   # case, mesh, strategy, exec: left-aligned
+
+
 def format_table(records):
     """A fixed-width table, one line per case and strategy (times in ms)."""
-    head = ("case", "mesh", "strategy", "exec", "median ms", "min ms", "max ms", "GB/s",
-            "sent MiB", "plan MiB", "bound MiB", "E/max", "lim/max", "E<=lim", "ok",
-            "x raw", "x xla", "x coll")
-    rows = [head]
-    for r in records:
-        mesh = r["mesh"] + ("*" if r.get("mapped") else "")
-        rows.append((r.get("label", r["case"]), mesh, r["strategy"],
-                     _EXEC.get(r.get("executor"), "-"),
-                     _num(r["median_s"] * 1e3, ".3f"), _num(r["min_s"] * 1e3, ".3f"),
-                     _num(r["max_s"] * 1e3, ".3f"), _num(r["gbps"], ".2f"),
-                     _num(r["bytes_sent_per_rank"] / 2**20, ".2f"),
-                     _num(r["plan_bytes_sent_per_rank"] / 2**20, ".2f"),
-                     _num(r["lower_bound_bytes_per_rank"] / 2**20, ".2f"),
-                     _num(r["peak_over_max"], ".2f"), _num(r.get("limit_over_max"), ".2f"),
-                     _yes(r.get("within_limit")), "yes" if r["correct"] else "NO",
-                     _num(r.get("ratio_vs_raw"), ".2f"), _num(r.get("ratio_vs_xla"), ".2f"),
-                     _num(r.get("ratio_vs_collectives"), ".2f")))
+    align = ["left"] * _LEFT + ["right"] * (len(_HEAD) - _LEFT)
+    return _table([_row(r) for r in records], _HEAD, align)
+
+
+def _row(r):
+    """One record as the table's cells (strings)."""
+    mesh = r["mesh"] + ("*" if r.get("mapped") else "")
+    return (r.get("label", r["case"]), mesh, r["strategy"],
+            _EXEC.get(r.get("executor"), "-"),
+            _num(r["median_s"] * 1e3, ".3f"), _num(r["min_s"] * 1e3, ".3f"),
+            _num(r["max_s"] * 1e3, ".3f"), _num(r["gbps"], ".2f"),
+            _num(r["bytes_sent_per_rank"] / 2**20, ".2f"),
+            _num(r["plan_bytes_sent_per_rank"] / 2**20, ".2f"),
+            _num(r["lower_bound_bytes_per_rank"] / 2**20, ".2f"),
+            _num(r["peak_over_max"], ".2f"), _num(r.get("limit_over_max"), ".2f"),
+            _yes(r.get("within_limit")), "yes" if r["correct"] else "NO",
+            _num(r.get("ratio_vs_raw"), ".2f"), _num(r.get("ratio_vs_xla"), ".2f"),
+            _num(r.get("ratio_vs_collectives"), ".2f"))
+
+
+def _table(rows, head, align, rule=True):
+    """``rows`` of strings under ``head``, each column aligned "left" or "right".
+
+    tabulate's ``simple`` format (``plain`` without ``rule``: no line of
+    dashes under the header), or the same layout in plain Python.
+    """
+    libs = display_libraries()
+    if libs is not None:
+        return libs[0](rows, head, tablefmt="simple" if rule else "plain",
+                       colalign=align, disable_numparse=True)
+    rows = [tuple(head)] + [tuple(row) for row in rows]
     widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
-    left = 4                                # case, mesh, strategy, exec: left-aligned
-    lines = ["  ".join(v.ljust(w) if c < left else v.rjust(w)
-                       for c, (v, w) in enumerate(zip(row, widths))).rstrip()
-             for row in rows]
-    lines.insert(1, "-" * len(lines[0]))
+    lines = ["  ".join(v.ljust(w) if a == "left" else v.rjust(w)
+                       for v, w, a in zip(row, widths, align)) for row in rows]
+    if rule:
+        lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
+def _indent(text):
+    return "\n".join("  " + line for line in text.splitlines())
+
+
 def format_summary(summary):
-    """The summary as a few readable lines."""
-    def g(key):
-        v = summary.get(key)
-        return "-" if v is None else f"{v:.2f}x"
-    lines = [f"geomean speed-up of collectives: vs xla {g('geomean_collectives_vs_xla')} "
-             f"({summary.get('cases_collectives_vs_xla', 0)} cases), vs replicate "
-             f"{g('geomean_collectives_vs_replicate')}, vs direct "
-             f"{g('geomean_collectives_vs_direct')}"]
+    """The summary as a few readable lines and two small tables."""
+    lines = [_speedup_line(summary)]
     w = summary.get("worst_ratio_vs_raw")
     if w:
         lines.append(f"worst time ratio vs raw: {w['ratio']:.2f}x ({w['case']}, "
                      f"{w['strategy']})")
     mem = summary.get("peak_over_max", {})
     if mem:
-        lines.append("E/max(S,T) per strategy: worst (case), geomean, runs within the "
-                     "contract's limit:")
-        width = max(len(s) for s in mem)
-        for s, m in mem.items():
-            lines.append(f"  {s.ljust(width)}  {m['max']:6.2f} ({m.get('case', '-')}), "
-                         f"geomean {_num(m['geomean'], '.2f')}, within limit "
-                         f"{m.get('within_limit', '-')}/{m.get('cases', '-')}")
+        lines.append("E/max(S,T) per strategy: worst and its case, geomean, runs within "
+                     "the contract's limit:")
+        lines.append(_indent(_memory_table(mem)))
     ratios = summary.get("inplace_vs_collectives") or {}
     if ratios:
-        cols = [s for s in INPLACE if any(s in row for row in ratios.values())]
         lines.append(f"median time / median of collectives (target <= {INPLACE_TARGET:g}x):")
-        width = max(len(case) for case in ratios)
-        lines.append("  " + "case".ljust(width) + "".join(f"  {s:>8}" for s in cols))
-        for case, row in ratios.items():
-            lines.append("  " + case.ljust(width) + "".join(
-                f"  {_num(row.get(s), '.2f'):>8}" for s in cols))
-        lines.append("  " + "geomean".ljust(width) + "".join(
-            f"  {_num(summary.get(f'geomean_{s}_vs_collectives'), '.2f'):>8}"
-            for s in cols))
+        lines.append(_indent(_inplace_table(summary, ratios)))
     return "\n".join(lines)
+
+
+def _speedup_line(summary):
+    def g(key):
+        v = summary.get(key)
+        return "-" if v is None else f"{v:.2f}x"
+    return (f"geomean speed-up of collectives: vs xla {g('geomean_collectives_vs_xla')} "
+            f"({summary.get('cases_collectives_vs_xla', 0)} cases), vs replicate "
+            f"{g('geomean_collectives_vs_replicate')}, vs direct "
+            f"{g('geomean_collectives_vs_direct')}")
+
+
+def _memory_table(mem):
+    """E/max(S,T) per strategy: worst and its case, geomean, runs within the limit."""
+    rows = [(s, f"{m['max']:.2f}", str(m.get("case", "-")), _num(m["geomean"], ".2f"),
+             f"{m.get('within_limit', '-')}/{m.get('cases', '-')}") for s, m in mem.items()]
+    return _table(rows, ("strategy", "worst", "case", "geomean", "within"),
+                  ["left", "right", "left", "right", "right"], rule=False)
+
+
+def _inplace_table(summary, ratios):
+    """Median time of inplace and donated over collectives' median, per case."""
+    cols = [s for s in INPLACE if any(s in row for row in ratios.values())]
+    rows = [(case, *(_num(row.get(s), ".2f") for s in cols)) for case, row in ratios.items()]
+    rows.append(("geomean", *(_num(summary.get(f"geomean_{s}_vs_collectives"), ".2f")
+                              for s in cols)))
+    return _table(rows, ("case", *cols), ["left"] + ["right"] * len(cols), rule=False)
 
 
 def to_json(records, summary, meta=None, skipped=(), found=()):

@@ -16,6 +16,7 @@ from ..core.blocks import overlap, rank_block
 from ..core.subaxes import rank_digits
 from ..planning.routing import exchange_recvs, exchange_sends, member_digits
 from .comm import mpi
+from .counts import count_limit, message
 from .packing import contiguous_box, flat_offset, rank0_sides
 
 __all__ = ["Region", "StepRecord", "Context", "relative"]
@@ -85,6 +86,8 @@ class Context:
         self.sliced = False
         self.pool = None        # buffers kept between runs (a dict), or None
         self.current = None     # index of the step running
+        self.count_limit = count_limit(self.MPI)
+        self.reduce_room = 1 << 62  # bytes a reduction call may carry (set from W)
         self._routes = {}
 
     # ------------------------------------------------------------ buffers
@@ -169,7 +172,7 @@ class Context:
         """Buffer spec of all of ``region``: plain bytes when it is contiguous in memory."""
         view = region.view()
         if c_contiguous(view):
-            return [view, view.size * self.itemsize, self.MPI.BYTE]
+            return message(self, view, view.size * self.itemsize)
         count, t = self.subarray(region)
         return [region.base, count, t]
 

@@ -40,6 +40,7 @@ from ..core.errors import CommunicationError
 from ..planning.budget import MARGIN, assess
 from ..planning.routing import member_digits, permute_dest, permute_source
 from .context import Context, Region, StepRecord, c_contiguous, relative, volume
+from .counts import allreduce, message, reduce_scatter, unit
 from .packing import exchange_peers, group_sides, move, one_call
 
 __all__ = ["execute", "run_steps", "run_step", "after_slice", "mpi_op", "Region", "StepRecord"]
@@ -65,6 +66,8 @@ def execute(plan, local, mc, records=None, slack=None, ctx=None, out=None):
         fits = assess(plan)
         slack = fits.limit - fits.out_of_place_peak
     ctx.slack, ctx.sliced = max(0, slack - MARGIN), False
+    if own:
+        ctx.reduce_room = max(1 << 16, assess(plan).workspace // 2)
     try:
         if not c_contiguous(local):
             local = ctx.xp.ascontiguousarray(local)
@@ -186,10 +189,29 @@ def _allgatherv(ctx, comm, region, out, pieces_in):
     send = ctx.whole(region)
     synchronize(region.base)
     if len(set(counts)) == 1:
-        comm.Allgather(send, [out.base, counts[0], ctx.MPI.BYTE])
+        comm.Allgather(send, [out.base, *unit(ctx, counts[0])])
         return
     displs = [0, *itertools.accumulate(counts)][:-1]
+    if displs[-1] + counts[-1] > ctx.count_limit:      # v-counts are ints: go by pairs
+        _gather_pairs(ctx, comm, region, out, counts, displs)
+        return
     comm.Allgatherv(send, [out.base, counts, displs, ctx.MPI.BYTE])
+
+
+def _gather_pairs(ctx, comm, region, out, counts, displs):
+    """Allgatherv as point-to-point messages, for displacements beyond the count limit."""
+    me, n = comm.Get_rank(), comm.Get_size()
+    mine = region.view()
+    whole = out.base.reshape(-1).view("u1")
+    whole[displs[me]:displs[me] + counts[me]] = ctx.xp.ascontiguousarray(mine).reshape(-1).view("u1")
+    requests = []
+    for k in range(1, n):
+        src, dst = (me - k) % n, (me + k) % n
+        if counts[src]:
+            requests.append(comm.Irecv(message(ctx, out.base, counts[src], displs[src]), src, 7))
+        if counts[me]:
+            requests.append(comm.Isend(message(ctx, out.base, counts[me], displs[me]), dst, 7))
+    ctx.MPI.Request.Waitall(requests)
 
 
 def mpi_op(ctx):
@@ -228,8 +250,7 @@ def _reduce_scatter(ctx, index, region, into):
             offset += n
     out = _empty(ctx, _block(ctx, step.after, digits), into)
     synchronize(packed)
-    typed = ctx.typed()
-    comm.Reduce_scatter([packed, typed], [out, typed], counts, mpi_op(ctx))
+    reduce_scatter(ctx, comm, packed.reshape(-1), counts, out.reshape(-1), mpi_op(ctx))
     me = comm.Get_rank()
     sent = sum(c for m, c in enumerate(counts) if m != me)
     return Region(out), sent * ctx.itemsize
@@ -241,8 +262,7 @@ def _all_reduce(ctx, index, region, into):
     src = _contiguous(ctx, region)
     out = _new(ctx, src.shape, into)
     synchronize(src)
-    typed = ctx.typed()
-    comm.Allreduce([src, typed], [out, typed], mpi_op(ctx))
+    allreduce(ctx, comm, src.reshape(-1), out.reshape(-1), mpi_op(ctx))
     g = comm.Get_size()
     return Region(out), 2 * out.size * (g - 1) // g * ctx.itemsize
 
@@ -260,8 +280,7 @@ def _permute(ctx, index, region, into):
     out = Region(_empty(ctx, _block(ctx, step.after, mc.digits), into))
     send = ctx.whole(region)
     synchronize(region.base)
-    mc.comm.Sendrecv(send, dest,
-                     recvbuf=[out.base, out.base.size * ctx.itemsize, ctx.MPI.BYTE],
+    mc.comm.Sendrecv(send, dest, recvbuf=message(ctx, out.base, out.base.size * ctx.itemsize),
                      source=source)
     sent = volume(_block(ctx, step.before, mc.digits)) if dest != mc.rank else 0
     return out, sent * ctx.itemsize

@@ -38,6 +38,7 @@ from ..planning.budget import frame_shape, inplace_reason
 from ..planning.routing import member_digits, permute_dest, permute_source
 from . import packing
 from .context import Region, StepRecord, relative
+from .counts import allreduce, message, reduce_scatter, unit
 from .executor import mpi_op, run_step
 from .inplace import compact, expand, transpose
 from .packing import contiguous_box, flat_offset
@@ -93,11 +94,16 @@ def _commit(run, t):
 
 
 def _strided(run, outer, run_bytes, stride_bytes, extent):
-    """``outer`` runs of ``run_bytes``, ``stride_bytes`` apart, resized to ``extent``."""
-    B = run.MPI.BYTE
-    base = B.Create_contiguous(run_bytes) if outer == 1 else B.Create_vector(
-        outer, run_bytes, stride_bytes)
-    run.ctx.types.append(base)
+    """``outer`` runs of ``run_bytes``, ``stride_bytes`` apart, resized to ``extent``.
+
+    Built on a contiguous unit of ``run_bytes`` (mpi4py makes it BigMPI's
+    way when it exceeds an ``int``), so no count here passes the limit.
+    """
+    unit = _commit(run, run.MPI.BYTE.Create_contiguous(run_bytes))
+    base = unit if outer == 1 else run.ctx.MPI.Datatype.Create_vector(
+        unit, outer, 1, stride_bytes // run_bytes)
+    if base is not unit:
+        run.ctx.types.append(base)
     return _commit(run, base.Create_resized(0, extent))
 
 
@@ -130,17 +136,54 @@ def _all_gather(run, step):
     expand(run.buf, run.shape, place, out, run.itemsize, run.chunk)
     outer, inner = math.prod(out[:d]), math.prod(out[d + 1:]) * run.itemsize
     if outer * inner:
-        t = _strided(run, outer, inner, out[d] * inner, inner)
-        if outer == 1:                  # blocks follow each other: plain bytes (fast in MPICH)
-            t = run.MPI.BYTE
-            lengths, starts = [n * inner for n in lengths], [s * inner for s in starts]
-        if len(set(lengths)) == 1 and starts == [m * lengths[0] for m in range(len(lengths))]:
-            comm.Allgather(run.MPI.IN_PLACE, [run.buf, lengths[0], t])   # much faster in MPICH
-        else:
-            comm.Allgatherv(run.MPI.IN_PLACE, [run.buf, lengths, starts, t])
+        _gather_in_place(run, comm, outer, inner, out[d], lengths, starts)
     sent = math.prod(run.shape) * run.itemsize * (comm.Get_size() - 1)
     run.shape = out
     return sent
+
+
+def _gather_in_place(run, comm, outer, inner, length, lengths, starts):
+    """``Allgather(v)(MPI_IN_PLACE)`` of each member's slot of the block.
+
+    Blocks that follow each other go as plain bytes (fast in MPICH), or as
+    one element of a contiguous type beyond the count limit; strided ones
+    as a vector type per slice along the gathered dim.  Equal slots take
+    ``Allgather`` (much faster in MPICH than ``Allgatherv``).
+    """
+    limit, IN_PLACE = run.ctx.count_limit, run.MPI.IN_PLACE
+    even = len(set(lengths)) == 1 and starts == [m * lengths[0] for m in range(len(lengths))]
+    if outer == 1:
+        nbytes = [n * inner for n in lengths]
+        if even:
+            comm.Allgather(IN_PLACE, [run.buf, *unit(run.ctx, nbytes[0])])
+        elif (starts[-1] + lengths[-1]) * inner <= limit:
+            comm.Allgatherv(IN_PLACE, [run.buf, nbytes, [s * inner for s in starts],
+                                       run.MPI.BYTE])
+        else:
+            _gather_pairs(run, comm, nbytes, [s * inner for s in starts])
+        return
+    t = _strided(run, outer, inner, length * inner, inner)
+    if even:
+        comm.Allgather(IN_PLACE, [run.buf, lengths[0], t])
+    else:
+        comm.Allgatherv(IN_PLACE, [run.buf, lengths, starts, t])
+
+
+def _gather_pairs(run, comm, nbytes, offsets):
+    """The byte slots of an in-place all-gather as point-to-point messages
+    (displacements beyond the count limit): each member sends its own slot
+    to every other member and receives theirs into their slots."""
+    me, n = comm.Get_rank(), comm.Get_size()
+    requests = []
+    for k in range(1, n):
+        src, dst = (me - k) % n, (me + k) % n
+        if nbytes[src]:
+            requests.append(comm.Irecv(message(run.ctx, run.buf, nbytes[src], offsets[src]),
+                                       src, 7))
+        if nbytes[me]:
+            requests.append(comm.Isend(message(run.ctx, run.buf, nbytes[me], offsets[me]),
+                                       dst, 7))
+    run.MPI.Request.Waitall(requests)
 
 
 def _pad(run, step):
@@ -205,7 +248,7 @@ def _swap(run, comm, a, length):
     g, me = comm.Get_size(), comm.Get_rank()
     slots = run.buf[:a * g * length].reshape(a, g, length)
     halves = 1 if a == 1 else 2                     # strided slots also unpack
-    limit = max(1, run.chunk // halves)
+    limit = max(1, min(run.chunk // halves, run.ctx.count_limit))
     cut = packing.parts((a, length), limit)
     stage = np.empty(min(run.chunk, halves * a * length), dtype=np.uint8)
     B = run.MPI.BYTE
@@ -245,10 +288,10 @@ def _reduce_scatter(run, step):
         lengths = [run.block(step.after, member_digits(run.mc.digits, step.axes, m))[j]
                    for m in range(g)]
         counts = [(hi - lo) * inner for lo, hi in lengths]
-    typed = run.ctx.typed()
-    comm.Reduce_scatter(run.MPI.IN_PLACE, [run.buf, sum(counts), typed], counts,
-                        mpi_op(run.ctx))
+    flat = run.typed((sum(counts),))
     me = comm.Get_rank()
+    reduce_scatter(run.ctx, comm, flat, counts, flat[:counts[me]], mpi_op(run.ctx),
+                   in_place=True)
     run.shape = tuple(counts[me] // max(1, outer * inner) if k == j else n
                       for k, n in enumerate(shape))
     _unpad(run, tuple(hi - lo for lo, hi in run.block(step.after)))
@@ -258,8 +301,7 @@ def _reduce_scatter(run, step):
 def _all_reduce(run, step):
     comm = run.mc.sub(step.axes)
     n = math.prod(run.shape)
-    typed = run.ctx.typed()
-    comm.Allreduce(run.MPI.IN_PLACE, [run.buf, n, typed], mpi_op(run.ctx))
+    allreduce(run.ctx, comm, None, run.typed((n,)), mpi_op(run.ctx))
     g = comm.Get_size()
     return 2 * n * (g - 1) // g * run.itemsize
 
@@ -287,16 +329,16 @@ def _permute(run, step):
     most = (math.prod(step.local_shape_before) + math.prod(step.local_shape_after)) * run.itemsize
     if not run.in_block and most <= run.buf.size:
         run.to_front()
-        mc.comm.Sendrecv([run.buf[:send], send, B], dest,
-                         recvbuf=[run.buf[send:send + recv], recv, B], source=source)
+        mc.comm.Sendrecv(message(run.ctx, run.buf, send), dest,
+                         recvbuf=message(run.ctx, run.buf, recv, send), source=source)
         run.offset, run.shape = send, out
         return send if dest != mc.rank else 0
-    o = run.offset
-    rounds = -(-math.prod(step.local_shape_before) * run.itemsize // run.chunk)
-    staging = np.empty(min(run.chunk, max(send, recv, 1)), dtype=np.uint8)
+    o, chunk = run.offset, min(run.chunk, run.ctx.count_limit)
+    rounds = -(-math.prod(step.local_shape_before) * run.itemsize // chunk)
+    staging = np.empty(min(chunk, max(send, recv, 1)), dtype=np.uint8)
     for k in range(rounds):
-        lo = k * run.chunk
-        ns, nr = max(0, min(run.chunk, send - lo)), max(0, min(run.chunk, recv - lo))
+        lo = k * chunk
+        ns, nr = max(0, min(chunk, send - lo)), max(0, min(chunk, recv - lo))
         mc.comm.Sendrecv([run.buf[o + lo:o + lo + ns], ns, B], dest,
                          recvbuf=[staging, nr, B], source=source)
         run.buf[lo:lo + nr] = staging[:nr]

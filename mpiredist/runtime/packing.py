@@ -125,7 +125,8 @@ def move(ctx, comm, region, out, pieces_out, pieces_in, peers, sides=2, collecti
     if collective:
         _alltoallv(ctx, comm, region, out, pieces_out, pieces_in)
         return
-    limit = part_limit(ctx, peers, sides)
+    # parts within the pack room, and no message beyond the MPI count limit
+    limit = min(part_limit(ctx, peers, sides), ctx.count_limit // ctx.itemsize)
     n = comm.Get_size()
     order = [(me + k) % n for k in range(1, n)]          # spread the load over peers
     sends = [(p, pieces_out[p], parts(pieces_out[p][1], limit)) for p in order

@@ -295,7 +295,8 @@ class Transfer:
             self._choices["gpu"] = choose(self._plan, False, self._workspace, True)
         choice = self._choices[variant]
         if variant not in self._contexts:
-            self._contexts[variant] = Context(choice.plan, self._mc, array_module(local))
+            ctx = self._contexts[variant] = Context(choice.plan, self._mc, array_module(local))
+            ctx.reduce_room = max(1 << 16, choice.budget.workspace // 2)
             fits = choice.budget
             if choice.inplace and fits.inplace_peak > fits.limit:
                 warnings.warn(BudgetWarning(f"Transfer {self._plan.src} -> {self._plan.dst}: "

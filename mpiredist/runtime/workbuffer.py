@@ -58,6 +58,7 @@ class WorkBuffer:
         self.owner = local if donate and not fresh else None
         self.in_block = self.owner is not None      # the same on every rank (from the plan)
         ctx.slack, ctx.sliced = workspace // 2, False     # pack buffers of a later exchange
+        ctx.reduce_room = max(1 << 16, workspace // 2)    # a reduction's rounds
         self.filled = []        # records of the steps run while filling the buffer
         if self.owner is not None and self.resizable:
             local.shape = (local.size,)         # grown when a step needs it (reserve)

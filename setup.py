@@ -6,16 +6,14 @@ Typical installs::
     pip install -e ".[test]"          # cluster: mpi4py built against system MPI
                                       # (MPICC=mpicc pip install --no-binary mpi4py mpi4py)
 
-Lower bounds, each checked by running the tests against it: Python 3.11
-(a donated block is reused only when it has no reference besides the
-caller's, counted with sys.getrefcount; Python 3.10 counts two more, so
-every donation there falls back to a copy and breaks the memory contract),
-numpy 1.23.2 (the oldest with Python 3.11 wheels: serial suite and the MPI
-suite at 2 ranks pass), tabulate 0.9 and tqdm 4.62 (bench tables and
-progress), import-linter 2.12 (the contracts in pyproject.toml).
-Known gap, not pinned: numpy 2.5 (Python 3.12+) makes ``ndarray.resize`` a
-new allocation and copy instead of a realloc, so donated runs allocate
-more than the memory contract allows there.
+Lower bounds, each checked by running the tests against it: Python 3.10
+(dataclass slots; the serial suite and the MPI suite at 3 ranks pass),
+numpy 1.21.2 (the oldest with Python 3.10 wheels; the same suites pass),
+tabulate 0.9 and tqdm 4.62 (bench tables and progress), import-linter
+2.12 (the contracts in pyproject.toml).  numpy 2.5 makes
+``ndarray.resize`` a new allocation and copy; there a donated block is
+never resized (mpiredist.runtime.donation.resize_in_place), only reused
+when it is large enough.
 """
 
 import pathlib
@@ -43,11 +41,11 @@ setup(
     name="mpiredist",
     version=read_version(),
     description="Memory-efficient redistribution of distributed arrays over MPI",
-    python_requires=">=3.11",
+    python_requires=">=3.10",
     packages=find_packages(exclude=["tests", "tests.*"]),
     # Benchmark cases and recorded XLA plans, read via importlib.resources.
     package_data={"mpiredist.bench": ["data/*.json"]},
-    install_requires=["numpy>=1.23.2"],
+    install_requires=["numpy>=1.21.2"],
     extras_require={
         "mpi": [MPI4PY],
         "mpich": [MPI4PY, "mpich"],  # PyPI MPICH, for laptops and CI
@@ -60,6 +58,7 @@ setup(
     classifiers=[
         "Programming Language :: Python :: 3",
         "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.10",
         "Programming Language :: Python :: 3.11",
         "Programming Language :: Python :: 3.12",
         "Topic :: System :: Distributed Computing",

@@ -19,7 +19,7 @@ from ..core.subaxes import expand, rank_digits
 from ..planning import planner
 from ..runtime.agree import check_together
 from ..runtime.comm import base_comm, check_size, mesh_comm
-from ..runtime.donation import array_kind, references
+from ..runtime.donation import array_kind, local_references, references
 from ..runtime.transfer import Transfer, judge
 
 __all__ = ["DistArrayBase", "redistribute", "TRANSFER_CACHE_SIZE"]
@@ -168,7 +168,7 @@ class DistArrayBase:
                              "redistribution; it has no data left")
         if donate:
             self._local = None          # hand the block over: no reference is left here
-        extra = references(block)      # any reference left is not ours to free
+        extra = local_references(block)    # any reference left is not ours to free
         try:
             out = _redistribute(block, self._shape, self._mesh, self._layout, dst, donate,
                                 strategy, records, workspace_bytes, extra)
@@ -219,7 +219,7 @@ def redistribute(local, global_shape, mesh, src, dst, donate=False,
     that raises leaves it as it was.  If some step cannot run within the
     bound, a :class:`~mpiredist.BudgetWarning` says so before anything runs.
     """
-    extra = references(local) - 1      # the caller's own name is allowed
+    extra = references(local)          # beyond the caller's own name
     return _redistribute(local, global_shape, mesh, src, dst, donate, strategy, records,
                          workspace_bytes, extra)
 

@@ -25,6 +25,7 @@ block cannot be used, every rank runs as not donated (its block is left as
 it was).
 """
 
+import functools
 import sys
 from typing import NamedTuple
 
@@ -33,20 +34,65 @@ import numpy as np
 from ..core.backend import is_gpu
 from ..core.errors import ShapeError
 
-__all__ = ["references", "Donation", "judge_donation", "check_block", "check_out", "array_kind"]
+__all__ = ["references", "local_references", "resize_in_place", "Donation", "judge_donation", "check_block", "check_out", "array_kind"]
 
 
 def references(array):
-    """How many references to ``array`` exist besides the calling function's name.
+    """References to ``array`` beyond one name of the caller's caller.
 
-    Call it as ``references(name)`` with ``name`` a parameter or local of the
-    calling function, in a statement of its own (inside the argument list
-    of another call the pending arguments add references): the count is taken against a fresh object bound the
-    same way here, so it does not depend on how the interpreter counts its
-    own temporary references; one more is subtracted for the caller's name.
+    For a public entry point ``f(local)`` that calls ``references(local)`` in
+    a statement of its own: 0 when the user holds ``local`` under exactly one
+    name, -1 for a temporary, more for each view, memoryview or other name.
+    The count is calibrated once on a probe passed the same way, since
+    interpreters differ in how many references a call holds (CPython 3.10
+    keeps the caller's argument on its stack, 3.11 moves it into the
+    callee's frame).
     """
+    return sys.getrefcount(array) - _calibration()[0]
+
+
+def local_references(array):
+    """References to ``array`` beyond the calling function's own name of it.
+
+    For a function that owns ``array`` through a local name (e.g. a block a
+    DistArray just handed over): 0 when nothing else refers to it.
+    """
+    return sys.getrefcount(array) - _calibration()[1]
+
+
+def _local():
     probe = object()
-    return sys.getrefcount(array) - sys.getrefcount(probe) - 1
+    return _counted(probe)
+
+
+def _counted(probe):
+    return sys.getrefcount(probe)
+
+
+@functools.lru_cache(maxsize=1)
+def _calibration():
+    """``(entry, local)`` reference counts of a probe held by exactly one name,
+    passed the way the real calls pass a block (user -> entry point -> count)."""
+    probe = object()                    # the user's one name
+    return _via_entry(probe), _local()
+
+
+def _via_entry(local):                  # an entry point, e.g. redistribute(local)
+    return _entry_count(local)
+
+
+def _entry_count(array):                # references(array) inside it
+    return sys.getrefcount(array)
+
+
+def resize_in_place():
+    """True if ``ndarray.resize`` reallocates in place (numpy < 2.5).
+
+    numpy 2.5 makes ``resize`` allocate a new buffer and copy, which would
+    count the whole block again; donated blocks are then never resized:
+    only a block large enough for the run is reused.
+    """
+    return np.lib.NumpyVersion(np.__version__) < "2.5.0"
 
 
 class Donation(NamedTuple):
@@ -76,7 +122,7 @@ def judge_donation(array, extra_references, capacity, fresh):
     """
     resizable = (isinstance(array, np.ndarray) and array.base is None and array.flags.owndata
                  and array.flags.writeable and array.flags.c_contiguous
-                 and array.flags.aligned and extra_references <= 0)
+                 and array.flags.aligned and extra_references <= 0 and resize_in_place())
     if fresh:
         return Donation(True, resizable, "")
     why = _unwritable(array)
@@ -86,6 +132,9 @@ def judge_donation(array, extra_references, capacity, fresh):
         return Donation(True, resizable, "")
     if array.base is not None or not array.flags.owndata:
         return Donation(False, False, "it must grow, and it is a view of another array's memory")
+    if not resize_in_place():
+        return Donation(False, False, f"it must grow, and numpy {np.__version__} cannot resize "
+                                      "an array in place")
     return Donation(False, False, f"it must grow, and {extra_references} other reference(s) "
                                   "to it exist (a view, a memoryview or a second name)")
 

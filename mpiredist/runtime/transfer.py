@@ -191,7 +191,7 @@ class Transfer:
         ``records``, if a list, receives one
         :class:`~mpiredist.runtime.context.StepRecord` per step.
         """
-        extra = references(local) - 1      # the caller's own name is allowed
+        extra = references(local)          # beyond the caller's own name
         return self._run(local, out, extra, records)
 
     def explain(self):

@@ -18,13 +18,15 @@ exercise these paths with small arrays in tests; it must be the same on
 every rank, like the MPI library itself.
 """
 
+import math
 import os
 
 import numpy as np
 
 from ..core.backend import synchronize
 
-__all__ = ["INT_MAX", "count_limit", "as_bytes", "unit", "message", "allreduce", "reduce_scatter"]
+__all__ = ["INT_MAX", "count_limit", "as_bytes", "unit", "message", "allreduce", "reduce_scatter",
+           "reduce_scatter_parts", "reduce_limit"]
 
 INT_MAX = (1 << 31) - 1
 ENV = "MPIREDIST_COUNT_LIMIT"
@@ -116,3 +118,43 @@ def reduce_scatter(ctx, comm, packed, counts, out, op, in_place=False):
             at += part[m]
         synchronize(staging)
         comm.Reduce_scatter([staging[:at], typed], [out[k:k + part[me]], typed], part, op)
+
+
+def reduce_scatter_parts(ctx, comm, parts, out, op):
+    """Reduce-scatter of member parts given as (strided) views, in rounds.
+
+    Member ``m``'s part is cut into boxes of at most
+    ``reduce_limit // g`` elements (:func:`~mpiredist.runtime.packing.parts`:
+    every member cuts every part alike); round ``k`` packs box ``k`` of
+    each part into a staging buffer, reduces it into a second one, and puts
+    this member's reduced box in place in ``out``.  No copy of the whole
+    block is made: the staging buffers hold one round.
+    """
+    from .packing import parts as cut
+
+    MPI, typed, me, g = ctx.MPI, ctx.typed(), comm.Get_rank(), len(parts)
+    width = max(1, reduce_limit(ctx) // g)
+    boxes = [cut(tuple(p.shape), width) for p in parts]
+    rounds = max(len(b) for b in boxes)
+    staging = ctx.xp.empty(g * width + width, dtype=out.dtype)
+    back = staging[g * width:]
+    for k in range(rounds):
+        counts, at = [], 0
+        for m in range(g):
+            if k < len(boxes[m]) and math.prod(boxes[m][k][1]):
+                starts, shape = boxes[m][k]
+                n = math.prod(shape)
+                staging[at:at + n].reshape(shape)[...] = parts[m][_index(starts, shape)]
+                counts.append(n)
+                at += n
+            else:
+                counts.append(0)
+        synchronize(staging)
+        comm.Reduce_scatter([staging[:at], typed], [back[:counts[me]], typed], counts, op)
+        if counts[me]:
+            starts, shape = boxes[me][k]
+            out[_index(starts, shape)] = back[:counts[me]].reshape(shape)
+
+
+def _index(starts, shape):
+    return tuple(slice(s, s + n) for s, n in zip(starts, shape))

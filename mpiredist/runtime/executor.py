@@ -40,7 +40,7 @@ from ..core.errors import CommunicationError
 from ..planning.budget import MARGIN, assess
 from ..planning.routing import member_digits, permute_dest, permute_source
 from .context import Context, Region, StepRecord, c_contiguous, relative, volume
-from .counts import allreduce, message, reduce_scatter, unit
+from .counts import allreduce, message, reduce_limit, reduce_scatter_parts, unit
 from .packing import exchange_peers, group_sides, move, one_call
 
 __all__ = ["execute", "run_steps", "run_step", "after_slice", "mpi_op", "Region", "StepRecord"]
@@ -239,21 +239,30 @@ def _reduce_scatter(ctx, index, region, into):
         index_ = tuple(slice(s, s + n) for s, n in zip(starts, shape))
         parts.append(src[index_])
         counts.append(math.prod(shape))
-    outer = all(n == 1 for n in region.shape[:j])
-    if outer and region.whole:
+    out = _empty(ctx, _block(ctx, step.after, digits), into)
+    if sum(counts) <= reduce_limit(ctx):
+        _reduce_scatter_once(ctx, comm, region, j, parts, counts, out)
+    else:
+        reduce_scatter_parts(ctx, comm, parts, out, mpi_op(ctx))
+    me = comm.Get_rank()
+    sent = sum(c for m, c in enumerate(counts) if m != me)
+    return Region(out), sent * ctx.itemsize
+
+
+def _reduce_scatter_once(ctx, comm, region, j, parts, counts, out):
+    """One ``Reduce_scatter``: from the block itself when its parts follow each
+    other in memory, else after packing them into one buffer."""
+    if all(n == 1 for n in region.shape[:j]) and region.whole:
         packed = region.base
-    else:                                   # one pack buffer, each part copied once
+    else:
         packed = ctx.scratch(sum(counts))
         offset = 0
         for part, n in zip(parts, counts):
             packed[offset:offset + n].reshape(part.shape)[...] = part
             offset += n
-    out = _empty(ctx, _block(ctx, step.after, digits), into)
     synchronize(packed)
-    reduce_scatter(ctx, comm, packed.reshape(-1), counts, out.reshape(-1), mpi_op(ctx))
-    me = comm.Get_rank()
-    sent = sum(c for m, c in enumerate(counts) if m != me)
-    return Region(out), sent * ctx.itemsize
+    typed = ctx.typed()
+    comm.Reduce_scatter([packed, typed], [out, typed], counts, mpi_op(ctx))
 
 
 def _all_reduce(ctx, index, region, into):

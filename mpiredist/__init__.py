@@ -30,7 +30,7 @@ _LAZY = {
     "plan": (".planning.planner", "plan"),
     "Transfer": (".runtime.transfer", "Transfer"),
     "DistArray": (".arrays.distarray", "DistArray"),
-    "redistribute": (".arrays.distarray", "redistribute"),
+    "redistribute": (".arrays.base", "redistribute"),
     "ops": (".arrays.ops", None),
     "heat": (".arrays.heat", None),
     "fft": (".arrays.fft", None),

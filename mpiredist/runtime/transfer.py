@@ -43,7 +43,6 @@ from .comm import base_comm, check_size, mesh_comm
 from .context import Context
 from .donation import Donation, array_kind, check_block, check_out, judge_donation, references
 from .executor import execute
-from .executor_inplace import execute_inplace
 from .packing import group_sides, part_limit, parts
 
 __all__ = ["Transfer", "judge", "donated_choice"]
@@ -286,6 +285,7 @@ class Transfer:
             if buffer is None:
                 buffer = self._buffers["kept-buffer"] = np.empty(buffer_bytes(choice.plan),
                                                                   dtype=np.uint8)
+        from .executor_inplace import execute_inplace   # imported when first needed
         return execute_inplace(ctx, local, variant == "given", choice.budget.workspace,
                                records, out, buffer, verdict.resizable)
 

@@ -287,7 +287,7 @@ _EXEC = {"out of place": "out", "in place": "in", "raw MPI": "raw"}
 
 
 _HEAD = ("case", "mesh", "strategy", "exec", "median ms", "min ms", "max ms", "GB/s",
-         "sent MiB", "plan MiB", "bound MiB", "E/max", "lim/max", "E<=lim", "ok",
+         "sent MiB", "plan MiB", "bound MiB", "E/max", "RSS/max", "lim/max", "E<=lim", "ok",
          "x raw", "x xla", "x coll")
 _LEFT = 4                                   # case, mesh, strategy, exec: left-aligned
 
@@ -308,7 +308,8 @@ def _row(r):
             _num(r["bytes_sent_per_rank"] / 2**20, ".2f"),
             _num(r["plan_bytes_sent_per_rank"] / 2**20, ".2f"),
             _num(r["lower_bound_bytes_per_rank"] / 2**20, ".2f"),
-            _num(r["peak_over_max"], ".2f"), _num(r.get("limit_over_max"), ".2f"),
+            _num(r["peak_over_max"], ".2f"), _num(r.get("rss_over_max"), ".2f"),
+            _num(r.get("limit_over_max"), ".2f"),
             _yes(r.get("within_limit")), "yes" if r["correct"] else "NO",
             _num(r.get("ratio_vs_raw"), ".2f"), _num(r.get("ratio_vs_xla"), ".2f"),
             _num(r.get("ratio_vs_collectives"), ".2f"))

@@ -56,11 +56,14 @@ from ..core.errors import MeshError, MpiredistError, PlanError
 from ..core.mesh import Mesh
 from ..core.subaxes import expand, prime_factors, rank_digits
 from .cases import Case, load_cases, scaled
-from .memory import traced_peak, tracing
+from .memory import rss_peak, traced_peak, tracing
 from .model import grow_mesh
 
 __all__ = ["STRATEGIES", "INPLACE", "Entry", "map_mesh", "suite", "global_array",
            "source_block", "target_block", "Raw", "make_raw", "run_suite"]
+
+# Pages and interpreter noise allowed on top of the contract in the RSS figure.
+RSS_NOISE = 1 << 20
 
 STRATEGIES = ("collectives", "inplace", "donated", "xla", "replicate", "direct", "raw")
 # Run by mpiredist.runtime.executor_inplace on the collectives plan without exchange steps.
@@ -444,7 +447,18 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
                 peak[n] = e.bytes
                 over[n] = int(e.bytes > limit[n])
                 _tick(progress, entry, n)
-            traced.close()                          # the timed runs run untraced
+            traced.close()                          # RSS and timed runs run untraced
+            rss = {}
+            for n in names:                         # resident-set growth, untimed
+                prepare, call = runs[n]
+                a = prepare()
+                gc.collect()
+                comm.Barrier()
+                with rss_peak() as e:
+                    out = call.run(a)
+                del out, a
+                rss[n] = -1 if e.bytes is None else e.bytes
+                _tick(progress, entry, n)
             times = np.zeros((len(names), repeats))
             orders = _orders(len(names), repeats, _seed(c.id, seed))
             for r in range(repeats):                # A/B interleaved, shuffled order
@@ -466,7 +480,7 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
                     runs[n][1].free()
     worst = np.empty_like(times)
     comm.Allreduce(times, worst, op=MPI.MAX)
-    ints = np.array([[sent[n], peak[n], int(not correct[n]), limit[n], over[n]]
+    ints = np.array([[sent[n], peak[n], int(not correct[n]), limit[n], over[n], rss[n]]
                      for n in names], dtype=np.int64)
     top = np.empty_like(ints)
     comm.Allreduce(ints.reshape(-1), top.reshape(-1), op=MPI.MAX)
@@ -495,7 +509,7 @@ def _record(entry, name, plans, raw, times, reduced, ranks, dtype):
 
     c = entry.case
     ref = plans[name] if name != "raw" else plans.get("collectives")
-    sent, peak, bad, limit, over = (int(v) for v in reduced)
+    sent, peak, bad, limit, over, rss = (int(v) for v in reduced)
     big = max(ref.src_local_bytes, ref.dst_local_bytes) if ref is not None else 0
     median = float(np.median(times)) if len(times) else float("nan")
     return {
@@ -512,6 +526,9 @@ def _record(entry, name, plans, raw, times, reduced, ranks, dtype):
         "src_local_bytes": ref.src_local_bytes, "dst_local_bytes": ref.dst_local_bytes,
         "plan_peak_local_bytes": None if name == "raw" else ref.peak_local_bytes,
         "peak_bytes": peak, "peak_over_max": peak / big if big else 0.0,
+        "rss_bytes": rss if rss >= 0 else None,
+        "rss_over_max": (rss / big if big else 0.0) if rss >= 0 else None,
+        "rss_within_limit": (rss <= limit + RSS_NOISE) if rss >= 0 else None,
         "donated": name == "donated", "workspace_bytes": default_workspace(ref),
         "limit_bytes": limit,
         "limit_over_max": limit / big if big else 0.0, "within_limit": not over,
@@ -524,7 +541,7 @@ def _record(entry, name, plans, raw, times, reduced, ranks, dtype):
 
 def count_runs(entries, strategies, repeats):
     """Runs :func:`run_suite` will make at most (for the progress bar)."""
-    return len(entries) * len(strategies) * (repeats + 2)
+    return len(entries) * len(strategies) * (repeats + 3)
 
 
 def run_suite(entries, strategies, repeats, dtype, comm, seed=0, progress=None):
@@ -541,5 +558,5 @@ def run_suite(entries, strategies, repeats, dtype, comm, seed=0, progress=None):
             skipped.append({"case": entry.case.id, "label": entry.label, "strategy": s,
                             "reason": why})
             if progress is not None:
-                progress.skip(repeats + 2)
+                progress.skip(repeats + 3)
     return records, skipped

@@ -435,29 +435,16 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
                 del out, a
                 _tick(progress, entry, n)
             for n in names:                         # measured memory, untimed
-                prepare, call = runs[n]
                 ref = plans[n] if n != "raw" else plans["collectives"]
                 limit[n] = _limit(n, src.nbytes, expected.nbytes, default_workspace(ref))
-                a = prepare()
-                gc.collect()
-                comm.Barrier()
-                with traced_peak() as e:
-                    out = call.run(a)
-                del out, a
-                peak[n] = e.bytes
-                over[n] = int(e.bytes > limit[n])
+                peak[n] = _measured(runs[n], comm, traced_peak)
+                over[n] = int(peak[n] > limit[n])
                 _tick(progress, entry, n)
             traced.close()                          # RSS and timed runs run untraced
             rss = {}
             for n in names:                         # resident-set growth, untimed
-                prepare, call = runs[n]
-                a = prepare()
-                gc.collect()
-                comm.Barrier()
-                with rss_peak() as e:
-                    out = call.run(a)
-                del out, a
-                rss[n] = -1 if e.bytes is None else e.bytes
+                e = _measured(runs[n], comm, rss_peak)
+                rss[n] = -1 if e is None else e
                 _tick(progress, entry, n)
             times = np.zeros((len(names), repeats))
             orders = _orders(len(names), repeats, _seed(c.id, seed))
@@ -486,6 +473,19 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
     comm.Allreduce(ints.reshape(-1), top.reshape(-1), op=MPI.MAX)
     return [dict(_record(entry, n, plans, raw, worst[i], top[i], comm.Get_size(), dtype),
                  executor=executors[n]) for i, n in enumerate(names)], skipped
+
+
+def _measured(run, comm, meter):
+    """What ``meter`` (:func:`traced_peak` or :func:`rss_peak`) reports for one
+    untimed run; the block is a name of this function alone (donations honoured)."""
+    prepare, call = run
+    a = prepare()
+    gc.collect()
+    comm.Barrier()
+    with meter() as e:
+        out = call.run(a)
+    del out, a
+    return e.bytes
 
 
 def _orders(n, repeats, rng):

@@ -20,6 +20,7 @@ from .planning.plans import Plan, Step
 __version__ = "0.2.0"
 
 __all__ = ["Mesh", "Layout", "Plan", "Step", "plan", "Transfer", "DistArray", "redistribute",
+           "matmul", "concatenate",
            "MpiredistError", "LayoutError", "MeshError", "ShapeError", "PlanError",
            "MismatchError", "RemoteError", "CommunicationError", "BudgetWarning",
            "DonationWarning",
@@ -31,6 +32,8 @@ _LAZY = {
     "Transfer": (".runtime.transfer", "Transfer"),
     "DistArray": (".arrays.distarray", "DistArray"),
     "redistribute": (".arrays.base", "redistribute"),
+    "matmul": (".arrays.linalg", "matmul"),
+    "concatenate": (".arrays.shape", "concatenate"),
     "ops": (".arrays.ops", None),
     "heat": (".arrays.heat", None),
     "fft": (".arrays.fft", None),

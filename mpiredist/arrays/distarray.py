@@ -7,14 +7,18 @@ protocol and the analytics of :mod:`~mpiredist.arrays.ops`,
 modules import the base class, never this one, so the layer has no cycle.
 """
 
+import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from ..core.layout import Layout
 from ..core.mesh import Mesh
-from . import heat, ops
+from . import broadcast, heat, indexing, linalg, ops, shape, stats
 from .base import DistArrayBase, redistribute
 
-__all__ = ["DistArray", "redistribute"]
+__all__ = ["DistArray", "redistribute", "matmul", "concatenate"]
+
+matmul = linalg.matmul
+concatenate = shape.concatenate
 
 
 class DistArray(DistArrayBase):
@@ -56,8 +60,24 @@ class DistArray(DistArrayBase):
         write_blocks(path, dataset, self._local, self._shape, self._mesh, self._layout,
                      self._mesh.comm, overwrite=overwrite)
 
-    # numpy protocol and analytics (mpiredist.arrays.ops, mpiredist.arrays.heat)
-    __array_ufunc__ = ops.array_ufunc
+    # numpy protocol and analytics (mpiredist.arrays.ops, broadcast, heat,
+    # shape, indexing, linalg, stats).  Ufuncs broadcast and line up mixed
+    # layouts (broadcast.array_ufunc); ops.array_ufunc is the strict local one.
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if ufunc is np.matmul and method == "__call__" and len(inputs) == 2 and not kwargs:
+            return linalg.matmul(*(_operand(x, self) for x in inputs))
+        return broadcast.array_ufunc(self, ufunc, method, *inputs, **kwargs)
+
+    __getitem__ = indexing.getitem
+    T = property(shape.T)
+    transpose = shape.transpose
+    reshape = shape.reshape
+    astype = shape.astype
+    copy = shape.copy
+    var = stats.var
+    std = stats.std
+    argmax = stats.argmax
+    argmin = stats.argmin
     sum = ops.sum
     mean = ops.mean
     min = ops.min
@@ -65,6 +85,23 @@ class DistArray(DistArrayBase):
     resplit = heat.resplit
     resplit_ = heat.resplit_
     split = property(heat.split)
+
+    def __matmul__(self, other):
+        return linalg.matmul(self, _operand(other, self))
+
+    def __rmatmul__(self, other):
+        return linalg.matmul(_operand(other, self), self)
+
+
+def _operand(x, like):
+    """A numpy array operand of matmul (the same on every rank) as a replicated
+    DistArray on ``like``'s mesh (collective: agreed by ``from_global``)."""
+    if isinstance(x, DistArrayBase):
+        return x
+    if isinstance(x, np.ndarray):
+        return DistArray.from_global(x, like.mesh, Layout.replicated(x.ndim))
+    raise ops.OperandError(f"matmul: operand of type {type(x).__name__} is neither a "
+                           "DistArray nor a numpy array")
 
 
 # Arithmetic operators through __array_ufunc__ (no ==/!= so DistArray stays

@@ -10,7 +10,6 @@ are uneven so that some ranks hold empty blocks at 3 and 4 ranks.
 import numpy as np
 import pytest
 from helpers import all_ok, need_ranks
-from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from mpiredist import Layout, Mesh, ops
 from mpiredist.arrays.distarray import DistArray
@@ -19,17 +18,6 @@ from mpiredist.arrays.heat import layout_for_split, resplit, resplit_, split
 from mpiredist.arrays.ops import OperandError
 
 pytestmark = pytest.mark.mpi
-
-
-@pytest.fixture(autouse=True)
-def distarray_methods(monkeypatch):
-    """Attach the ufunc protocol, operators and reductions, as the lead will."""
-    monkeypatch.setattr(DistArray, "__array_ufunc__", ops.array_ufunc, raising=False)
-    for name in ops.OPERATORS:
-        monkeypatch.setattr(DistArray, name, getattr(NDArrayOperatorsMixin, name),
-                            raising=False)
-    for name in ("sum", "mean", "min", "max"):
-        monkeypatch.setattr(DistArray, name, getattr(ops, name), raising=False)
 
 
 def meshes(size):
@@ -106,13 +94,15 @@ def test_elementwise_keeps_int_dtypes_and_blocks_untouched(comm):
     all_ok(comm, close(e.gather(), g + 1, exact=True), "ops.elementwise")
 
 
-def test_different_layouts_raise_naming_both(comm):
+def test_different_layouts_move_one_operand(comm):
     need_ranks(comm, 2)
     mesh = Mesh({"x": comm.size})
-    a = DistArray.from_global(data((6, 4)), mesh, "[{x}, {}]")
-    b = DistArray.from_global(data((6, 4)), mesh, "[{}, {x}]")
-    with pytest.raises(LayoutError, match=r"\[\{x\}, \{\}\].*\[\{\}, \{x\}\]"):
-        np.add(a, b)
+    g = data((6, 4))
+    a = DistArray.from_global(g, mesh, "[{x}, {}]")
+    b = DistArray.from_global(g, mesh, "[{}, {x}]")
+    c = np.add(a, b)
+    all_ok(comm, c.layout in (a.layout, b.layout), f"result layout {c.layout}")
+    all_ok(comm, close(c.gather(), g + g), "a + b in different layouts")
 
 
 def test_operand_errors(comm):
@@ -123,8 +113,8 @@ def test_operand_errors(comm):
         a + b
     with pytest.raises(OperandError, match="out="):
         np.add(a, 1, out=a)
-    with pytest.raises(OperandError, match="numpy array of shape"):
-        a + np.ones(4)
+    with pytest.raises(ShapeError, match=r"\(6, 4\).*\(5,\)"):
+        a + np.ones(5)
     with pytest.raises(OperandError, match="reduce"):
         np.add.reduce(a)
     with pytest.raises(OperandError, match="where="):
@@ -141,12 +131,15 @@ def test_partial_operands(comm):
     scaled = 2.0 * (s * 3) / 4
     all_ok(comm, scaled.layout == Layout.parse("[{}] sum{x}"), str(scaled.layout))
     all_ok(comm, close(ops.reduce(scaled).local, 1.5 * g.sum(0)), "scaled partial sum")
-    for bad in (lambda: s + 1, lambda: s * s, lambda: 1 / s, lambda: np.sin(s)):
-        with pytest.raises(LayoutError, match="partial"):
-            bad()
+    total = g.sum(0)
+    needs_values = ((lambda: s + 1, total + 1), (lambda: s * s, total * total),
+                    (lambda: 1 / s, 1 / total), (lambda: np.sin(s), np.sin(total)))
+    for fn, want in needs_values:           # reduced first, then the ufunc
+        got = fn()
+        all_ok(comm, not got.layout.partial and close(got.gather(), want),
+               f"partial operand reduced first: {got.layout}")
     m = ops.max(a, 0)
-    with pytest.raises(LayoutError, match="partial"):
-        m * 2
+    all_ok(comm, close((m * 2).gather(), 2 * g.max(0)), "a max partial is reduced first")
 
 
 # -------------------------------------------------------------- reductions

@@ -115,11 +115,7 @@ def build_parser():
                    help="comma-separated, of %s (default all)" % ",".join(ALL_STRATEGIES))
     p.add_argument("--seed", type=int, default=0, help="seed of the global arrays")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--rss-allocator", action="store_true",
-                   help="measure the RSS column with large blocks mmapped at a fixed "
-                        "threshold and numpy's huge pages off (as tests/mpi/test_memory.py "
-                        "does; see mpiredist.bench.memory.allocator_for_rss); timings then "
-                        "include the page faults of fresh blocks")
+
     user = p.add_argument_group("your own case (added to the suite; needs all four)")
     user.add_argument("--mesh", metavar="AXES", help="e.g. x=2,y=4 (as many devices as "
                       "ranks)")
@@ -262,12 +258,11 @@ def _run(args, opts, comm):
         return 2
     if root:
         _note_plain_text()
-    if args.rss_allocator:
-        from .memory import allocator_for_rss
-        settings = allocator_for_rss()
-        if root:
-            print(f"RSS measured with: {', '.join(settings) or 'nothing changed'}",
-                  file=sys.stderr)
+    from .memory import rss_environment_missing
+    missing = rss_environment_missing()
+    if root and missing:
+        print(f"note: the RSS/max column includes the allocator's history; start with "
+              f"{' '.join(missing)} to see only what each run allocates", file=sys.stderr)
     total = runner.count_runs(entries, opts.strategies, opts.repeats)
     progress = report.Progress(total, enabled=root and not args.no_progress)
     t0 = time.perf_counter()

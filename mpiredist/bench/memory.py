@@ -32,8 +32,8 @@ import ctypes.util
 import tracemalloc
 from contextlib import contextmanager
 
-__all__ = ["Peak", "traced_peak", "tracing", "rss_peak", "rss_supported", "allocator_for_rss",
-           "MMAP_THRESHOLD"]
+__all__ = ["Peak", "traced_peak", "tracing", "rss_peak", "rss_supported", "RSS_ENVIRONMENT",
+           "rss_environment_missing"]
 
 
 class Peak:
@@ -165,39 +165,24 @@ def rss_peak():
         result.bytes = max(0, _status("VmHWM") - before)
 
 
-MMAP_THRESHOLD = 128 << 10      # glibc's initial value, then kept fixed
+
+# What the resident set needs to show the call, not the allocator's history:
+# glibc raises its mmap threshold each time a large block is freed, so later
+# large blocks come from the heap, where freed blocks stay resident and a
+# grown block is copied (the RSS figure then depends on what ran before: at
+# 8 ranks, after an uneven case, 2.3 MiB more for the same call); numpy
+# advises transparent huge pages for arrays of 4 MiB and more, and the kernel
+# then copies a block that realloc grows.  Both are process-wide and must hold
+# from the start: environment variables, not calls.
+RSS_ENVIRONMENT = {"MALLOC_MMAP_THRESHOLD_": "131072", "NUMPY_MADVISE_HUGEPAGE": "0"}
 
 
-def allocator_for_rss():
-    """Make the resident set show what a call allocates; returns what was set.
+def rss_environment_missing():
+    """The settings of :data:`RSS_ENVIRONMENT` this process lacks, as ``NAME=VALUE``.
 
-    Two process-wide settings, the same as the environment variables
-    ``MALLOC_MMAP_THRESHOLD_=131072`` and ``NUMPY_MADVISE_HUGEPAGE=0``:
-
-    - glibc raises its mmap threshold each time a large block is freed, so
-      later large blocks come from the heap, where a freed block stays
-      resident and growing one copies it; a fixed threshold keeps large
-      blocks mmapped: freed at once, grown in place by ``mremap``;
-    - numpy advises transparent huge pages for arrays of 4 MiB and more,
-      and the kernel then copies a block that ``realloc`` grows.
-
-    Measured at 8 ranks with 8-16 MiB blocks: with both, every shared case
-    stays within the memory contract in RSS; without them freed blocks and
-    such copies add up to a block size (tests/mpi/test_memory.py).  Only
-    for measuring: a library must not change its host's allocator.
+    Empty when the resident set can be measured meaningfully; the settings
+    are read by glibc and numpy when the process starts (scripts/test.sh
+    exports them for the MPI tests).
     """
-    done = []
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        if libc.mallopt(-3, MMAP_THRESHOLD) == 1:          # M_MMAP_THRESHOLD
-            done.append(f"mmap threshold {MMAP_THRESHOLD}")
-    except (OSError, AttributeError, TypeError):
-        pass
-    import numpy as np
-    for module in (getattr(np, "_core", None), getattr(np, "core", None)):
-        switch = getattr(getattr(module, "multiarray", None), "_set_madvise_hugepage", None)
-        if switch is not None:
-            switch(False)
-            done.append("numpy huge pages off")
-            break
-    return done
+    import os
+    return [f"{k}={v}" for k, v in RSS_ENVIRONMENT.items() if os.environ.get(k) != v]

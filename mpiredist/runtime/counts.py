@@ -92,11 +92,11 @@ def reduce_scatter(ctx, comm, packed, counts, out, op, in_place=False):
     """Reduce the parts laid out one after another in ``packed`` (``counts[m]``
     elements for member ``m``) and leave member ``me``'s in ``out``.
 
-    One ``Reduce_scatter`` when everything fits one round; otherwise rounds
-    of at most :func:`reduce_limit` elements in all: round ``k`` copies
-    slice ``k`` of every part into a staging buffer and reduces that.  With
-    ``in_place`` ``out`` is the front of ``packed``: a round only overwrites
-    elements that this or an earlier round has already copied out.
+    One ``Reduce_scatter`` when everything fits one round; otherwise the
+    rounds of :func:`reduce_scatter_parts` over flat views of the parts.
+    With ``in_place`` ``out`` is the front of ``packed``: round ``k`` writes
+    elements ``[k*w, (k+1)*w)`` of ``out``, which lie at or before slice
+    ``k`` of every part, already copied out by this or an earlier round.
     """
     MPI, typed, me = ctx.MPI, ctx.typed(), comm.Get_rank()
     total, step = sum(counts), reduce_limit(ctx)
@@ -106,18 +106,11 @@ def reduce_scatter(ctx, comm, packed, counts, out, op, in_place=False):
         else:
             comm.Reduce_scatter([packed, typed], [out, typed], counts, op)
         return
-    g = len(counts)
-    width = max(1, step // g)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    staging = ctx.xp.empty(g * width, dtype=packed.dtype)
-    for k in range(0, max(counts), width):
-        part = [max(0, min(width, c - k)) for c in counts]
-        at = 0
-        for m in range(g):
-            staging[at:at + part[m]] = packed[starts[m] + k:starts[m] + k + part[m]]
-            at += part[m]
-        synchronize(staging)
-        comm.Reduce_scatter([staging[:at], typed], [out[k:k + part[me]], typed], part, op)
+    at, parts = 0, []
+    for c in counts:                    # each part a flat view: rounds as for any parts
+        parts.append(packed[at:at + c])
+        at += c
+    reduce_scatter_parts(ctx, comm, parts, out, op)
 
 
 def reduce_scatter_parts(ctx, comm, parts, out, op):
@@ -130,7 +123,7 @@ def reduce_scatter_parts(ctx, comm, parts, out, op):
     this member's reduced box in place in ``out``.  No copy of the whole
     block is made: the staging buffers hold one round.
     """
-    from .packing import parts as cut
+    from .packing import _index, parts as cut
 
     MPI, typed, me, g = ctx.MPI, ctx.typed(), comm.Get_rank(), len(parts)
     width = max(1, reduce_limit(ctx) // g)
@@ -144,7 +137,7 @@ def reduce_scatter_parts(ctx, comm, parts, out, op):
             if k < len(boxes[m]) and math.prod(boxes[m][k][1]):
                 starts, shape = boxes[m][k]
                 n = math.prod(shape)
-                staging[at:at + n].reshape(shape)[...] = parts[m][_index(starts, shape)]
+                staging[at:at + n].reshape(shape)[...] = parts[m][_index((starts, shape))]
                 counts.append(n)
                 at += n
             else:
@@ -153,8 +146,4 @@ def reduce_scatter_parts(ctx, comm, parts, out, op):
         comm.Reduce_scatter([staging[:at], typed], [back[:counts[me]], typed], counts, op)
         if counts[me]:
             starts, shape = boxes[me][k]
-            out[_index(starts, shape)] = back[:counts[me]].reshape(shape)
-
-
-def _index(starts, shape):
-    return tuple(slice(s, s + n) for s, n in zip(starts, shape))
+            out[_index((starts, shape))] = back[:counts[me]].reshape(shape)

@@ -45,7 +45,7 @@ from .donation import Donation, array_kind, check_block, check_out, judge_donati
 from .executor import execute
 from .packing import group_sides, part_limit, parts
 
-__all__ = ["Transfer", "judge", "donated_choice"]
+__all__ = ["Transfer", "judge", "donated_choice", "check_workspace"]
 
 NOT_DONATED = Donation(False, False, "")
 _VARIANTS = {"kept": "the source is kept", "given": "the donated block is the buffer",
@@ -103,7 +103,7 @@ class Transfer:
                  workspace_bytes=None, strategy="collectives", checked=True):
         def body(mesh, rank):
             plan = planner.plan(global_shape, dtype, mesh, src, dst, strategy)
-            workspace = _workspace(workspace_bytes)
+            workspace = check_workspace(workspace_bytes, rank)
             check_size(mesh, base_comm(mesh))
             if donate and not checked:
                 raise PlanError("Transfer(donate=True, checked=False): whether a block can "
@@ -369,15 +369,18 @@ class _Sizes:
         self.slack, self.itemsize = slack, plan.dtype.itemsize
 
 
-def _workspace(value):
+def check_workspace(value, rank=None):
+    """``workspace_bytes`` as a non-negative int (None stays None), else ShapeError."""
     if value is None:
         return None
+    where = "" if rank is None else f"rank {rank}: "
     try:
         w = int(value)
     except (TypeError, ValueError):
-        raise ShapeError(f"workspace_bytes must be an integer, found {value!r}") from None
+        raise ShapeError(f"{where}workspace_bytes must be an integer, "
+                         f"found {value!r}") from None
     if w < 0:
-        raise ShapeError(f"workspace_bytes must be non-negative, found {w}")
+        raise ShapeError(f"{where}workspace_bytes must be non-negative, found {w}")
     return w
 
 

@@ -9,6 +9,8 @@ Every check is agreed across ranks (``helpers.all_ok``).
 
 import numpy as np
 import pytest
+from analytics_data import close, data
+from analytics_data import meshes as _meshes
 from helpers import all_ok, need_ranks
 
 from mpiredist import Layout, Mesh, ops
@@ -19,29 +21,7 @@ pytestmark = pytest.mark.mpi
 
 
 def meshes(size):
-    out = [(Mesh({"x": size}), ["[{x}, {}]", "[{}, {x}]", "[{}, {}]"])]
-    if size % 2 == 0 and size > 2:
-        out.append((Mesh({"x": 2, "y": size // 2}), ["[{x}, {y}]", "[{y,x}, {}]", "[{}, {x}]"]))
-    return out
-
-
-def data(shape, dtype="float64", seed=0):
-    rng = np.random.default_rng(seed)
-    kind = np.dtype(dtype).kind
-    if kind in "iu":
-        return rng.integers(-20, 20, size=shape).astype(dtype)
-    if kind == "c":
-        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
-
-
-def close(actual, expected, exact=False, tol=1e-10):
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    if actual.shape != expected.shape or actual.dtype != expected.dtype:
-        return False
-    if exact:
-        return bool(np.array_equal(actual, expected))
-    return bool(np.allclose(actual, expected, rtol=tol, atol=tol, equal_nan=True))
+    return _meshes(size, ("[{x}, {y}]", "[{y,x}, {}]", "[{}, {x}]"))
 
 
 def test_mixed_layouts_pick_the_cheaper_move(comm):

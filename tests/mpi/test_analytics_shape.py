@@ -6,6 +6,8 @@ indexing, concatenate, reshape.
 
 import numpy as np
 import pytest
+from analytics_data import close, meshes
+from analytics_data import data as _data
 from helpers import all_ok
 
 from mpiredist import Layout, Mesh
@@ -16,30 +18,8 @@ from mpiredist.core.errors import ShapeError
 pytestmark = pytest.mark.mpi
 
 
-def meshes(size):
-    out = [(Mesh({"x": size}), ["[{x}, {}]", "[{}, {x}]", "[{}, {}]"])]
-    if size % 2 == 0 and size > 2:
-        out.append((Mesh({"x": 2, "y": size // 2}), ["[{x}, {y}]", "[{y,x}, {}]"]))
-    return out
-
-
 def data(shape, dtype="float64", seed=0):
-    rng = np.random.default_rng(seed)
-    kind = np.dtype(dtype).kind
-    if kind in "iu":
-        return rng.integers(-9, 9, size=shape).astype(dtype)
-    if kind == "c":
-        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
-
-
-def close(actual, expected, exact=False, tol=1e-10):
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    if actual.shape != expected.shape or actual.dtype != expected.dtype:
-        return False
-    if exact:
-        return bool(np.array_equal(actual, expected))
-    return bool(np.allclose(actual, expected, rtol=tol, atol=tol))
+    return _data(shape, dtype, seed, bound=9)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "complex128"])

@@ -254,10 +254,13 @@ class Transfer:
             check_block(local, self.source_shape, self._plan.dtype, self._mc.rank)
             if out is not None:
                 check_out(out, local, self.target_shape, self._plan.dtype, self._mc.rank)
+            if array_kind(local) != "numpy":    # the path must not depend on this rank's array
+                raise ShapeError(f"rank {self._mc.rank}: checked=False runs take numpy "
+                                 f"blocks, found a {array_kind(local)} array")
         except ValueError as exc:
             self.run_agreed(np.zeros(self.source_shape, self._plan.dtype), None, "numpy", False)
             raise exc
-        return self.run_agreed(local, out, array_kind(local), False, NOT_DONATED, records)
+        return self.run_agreed(local, out, "numpy", False, NOT_DONATED, records)
 
     def judge(self, local, extra_refs):
         """This rank's :class:`~mpiredist.runtime.donation.Donation` for ``local``."""

@@ -68,12 +68,24 @@ class PlanCommand:
                             help=STRATEGY_HELP + " (default collectives)")
         parser.add_argument("--json", action="store_true",
                             help="print the plan as one JSON object (README: Plans)")
+        parser.add_argument("--dst-mesh", metavar="AXES",
+                            help="mesh of the target layout (default --mesh), e.g. a=2,b=4")
+        parser.add_argument("--ranks", metavar="LIST",
+                            help="ranks of the source mesh, e.g. 0-3 or 0,2,4,6 "
+                                 "(default all, in order)")
+        parser.add_argument("--dst-ranks", metavar="LIST",
+                            help="ranks of the target mesh (default all, in order)")
 
     @staticmethod
     def run(args):
+        from .core.mesh import Mesh
         from .planning.planner import plan
-        p = plan(parse_shape(args.shape), args.dtype, args.mesh, args.src, args.dst,
-                 strategy=args.strategy)
+        mesh = Mesh(args.mesh, ranks=args.ranks)
+        dst_mesh = None
+        if args.dst_mesh or args.dst_ranks:
+            dst_mesh = Mesh(args.dst_mesh or args.mesh, ranks=args.dst_ranks)
+        p = plan(parse_shape(args.shape), args.dtype, mesh, args.src, args.dst,
+                 strategy=args.strategy, dst_mesh=dst_mesh)
         # default=str: the dtype is a numpy dtype object in Plan.to_dict.
         print(p.to_json(indent=2, default=str) if args.json else p.explain())
         return 0

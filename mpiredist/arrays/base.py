@@ -15,10 +15,12 @@ mesh's communicator and keyed by the agreed arguments.
 from ..core.blocks import rank_block
 from ..core.errors import ShapeError
 from ..core.layout import Layout
+from ..core.mesh import Mesh
 from ..core.subaxes import expand, rank_digits
 from ..planning import planner
 from ..runtime.agree import check_together
 from ..runtime.comm import base_comm, check_size, mesh_comm
+from ..runtime.cross import check_ranks, crossing
 from ..runtime.donation import array_kind, local_references, references
 from ..runtime.transfer import Transfer, check_workspace, judge
 
@@ -42,8 +44,33 @@ def _as_shape(shape, rank):
                          f"found {shape!r}") from None
 
 
+def device_of(mesh, rank):
+    """The device index of communicator ``rank`` on ``mesh``, or None off the mesh."""
+    if mesh.ranks is None:
+        return rank
+    return mesh.ranks.index(rank) if rank in mesh.ranks else None
+
+
+def _check_mesh(mesh):
+    """MeshError unless ``mesh`` fits its communicator (all ranks, or listed ones)."""
+    if mesh.ranks is None:
+        check_size(mesh, base_comm(mesh))
+    else:
+        check_ranks(mesh, base_comm(mesh).Get_size(), "the")
+
+
 def _check_local(block, shape, mesh, layout, rank):
-    check_size(mesh, base_comm(mesh))
+    _check_mesh(mesh)
+    device = device_of(mesh, rank)
+    if device is None:
+        if block is not None:
+            raise ShapeError(f"rank {rank} is outside mesh {mesh}: its block must be None")
+        planner.validate(shape, "u1", mesh, layout, layout)
+        return
+    rank = device
+    if block is None:
+        raise ShapeError(f"rank {rank}: no local block (None); a DistArray's block is None "
+                         "after it was donated to an earlier redistribution")
     if not (hasattr(block, "shape") and hasattr(block, "dtype")):
         raise ShapeError(f"rank {rank}: local block must be a numpy or CuPy array, "
                          f"found {type(block).__name__}")
@@ -82,7 +109,10 @@ class DistArrayBase:
         def body(mesh, rank):
             lay, full = Layout.parse(layout), _as_shape(shape, rank)
             _check_local(block, full, mesh, lay, rank)
-            return (full, lay), dict(mesh=mesh, shape=full, dtype=block.dtype, layout=lay)
+            values = dict(mesh=repr(mesh), shape=full, layout=lay)
+            if mesh.ranks is None:          # every rank holds a block: agree on its dtype
+                values["dtype"] = block.dtype
+            return (full, lay), values
 
         mesh, (full, lay) = check_together("DistArray.from_local", mesh, body)
         return cls(block, full, lay, mesh)
@@ -96,7 +126,7 @@ class DistArrayBase:
                 raise ShapeError(f"rank {rank}: global array must be a numpy or CuPy "
                                  f"array, found {type(array).__name__}")
             shape = tuple(array.shape)
-            check_size(mesh, base_comm(mesh))
+            _check_mesh(mesh)
             planner.validate(shape, array.dtype, mesh, lay, lay)
             if lay.partial:
                 raise ShapeError(f"from_global: layout {lay} has partial axes; a full "
@@ -104,7 +134,10 @@ class DistArrayBase:
             return (shape, lay), dict(mesh=mesh, shape=shape, dtype=array.dtype, layout=lay)
 
         mesh, (shape, lay) = check_together("DistArray.from_global", mesh, body)
-        box = rank_block(shape, expand(lay, mesh), rank_digits(mesh, base_comm(mesh).Get_rank()))
+        device = device_of(mesh, base_comm(mesh).Get_rank())
+        if device is None:
+            return cls(None, shape, lay, mesh)
+        box = rank_block(shape, expand(lay, mesh), rank_digits(mesh, device))
         block = array[tuple(slice(lo, hi) for lo, hi in box)].copy()
         return cls(block, shape, lay, mesh)
 
@@ -144,12 +177,17 @@ class DistArrayBase:
                             allow_exchange)
 
     def redistribute(self, dst, donate=False, strategy="collectives", records=None,
-                     workspace_bytes=None):
+                     workspace_bytes=None, mesh=None):
         """Return this array in layout ``dst`` (collective).
 
         Parameters
         ----------
         dst : Layout or str
+        mesh : Mesh, optional
+            The target mesh (default: this array's), on the same
+            communicator; every rank of the communicator calls this.  A rank
+            outside the target mesh gets an array whose ``local`` is None.
+            See :func:`redistribute` (``dst_mesh``).
         donate : bool
             If True this array gives up its block, which the call may reuse as
             its working buffer: afterwards this array has no block
@@ -163,9 +201,14 @@ class DistArrayBase:
             Budget W for temporary buffers (see :func:`redistribute`).
         """
         block = self._local
-        if block is None:
-            raise ShapeError("this DistArray's block was donated to an earlier "
-                             "redistribution; it has no data left")
+        if mesh is not None or self._mesh.ranks is not None:
+            target = self._mesh if mesh is None else mesh
+            out = redistribute(block, self._shape, self._mesh, self._layout, dst, donate,
+                               strategy, records, workspace_bytes, dst_mesh=target)
+            if donate:
+                self._local = None
+            return type(self)(out, self._shape, Layout.parse(dst),
+                              target if isinstance(target, Mesh) else Mesh(target))
         if donate:
             self._local = None          # hand the block over: no reference is left here
         extra = local_references(block)    # any reference left is not ours to free
@@ -194,7 +237,7 @@ class DistArrayBase:
 
 
 def redistribute(local, global_shape, mesh, src, dst, donate=False,
-                 strategy="collectives", records=None, workspace_bytes=None):
+                 strategy="collectives", records=None, workspace_bytes=None, dst_mesh=None):
     """Redistribute this rank's block ``local`` from ``src`` to ``dst`` (collective).
 
     Returns this rank's block of the target layout.  Every rank validates its
@@ -218,8 +261,21 @@ def redistribute(local, global_shape, mesh, src, dst, donate=False,
     is resized (``realloc``) only after every rank has agreed, so a call
     that raises leaves it as it was.  If some step cannot run within the
     bound, a :class:`~mpiredist.BudgetWarning` says so before anything runs.
+
+    Between meshes: ``dst_mesh`` (default ``mesh``) is the target layout's
+    mesh, on the same communicator; either mesh may cover some ranks only
+    (``Mesh(..., ranks=...)``).  Every rank of the communicator calls; a
+    rank outside the source mesh passes ``local=None`` and one outside the
+    target mesh gets ``None``.  The route, a collective plan on one refined
+    mesh or a point-to-point exchange in rounds, is that of
+    :class:`~mpiredist.Transfer` with ``dst_mesh``; the memory bound is the
+    same, with S = 0 off the source mesh and T = 0 off the target mesh, and
+    the exchange does not honour a donation (it warns).
     """
     extra = references(local)          # beyond the caller's own name
+    if dst_mesh is not None or crossing(mesh, None):
+        return _between(local, global_shape, mesh, src, dst, dst_mesh, donate, strategy,
+                        records, workspace_bytes, extra)
     return _redistribute(local, global_shape, mesh, src, dst, donate, strategy, records,
                          workspace_bytes, extra)
 
@@ -244,6 +300,28 @@ def _redistribute(local, global_shape, mesh, src, dst, donate, strategy, records
         "redistribute", mesh, body, every=lambda r: {"donate": bool(r and r[2].usable)})
     t = _cached_transfer(mesh, plan, bool(donate), w)     # collective: after agreeing
     return t.run_agreed(local, None, kind, flags["donate"], verdict, records)
+
+
+def _between(local, global_shape, mesh, src, dst, dst_mesh, donate, strategy, records,
+             workspace, extra_refs):
+    """:func:`redistribute` between meshes: agree on the dtype, then one Transfer."""
+    def body(mesh, rank):
+        if local is not None and not (hasattr(local, "shape") and hasattr(local, "dtype")):
+            raise ShapeError(f"rank {rank}: local block must be a numpy or CuPy array or "
+                             f"None, found {type(local).__name__}")
+        return None, {}
+
+    mesh, _ = check_together("redistribute between meshes", mesh, body)
+    dtypes = [d for d in base_comm(mesh).allgather(
+        None if local is None else local.dtype.str) if d is not None]
+    dtype = dtypes[0] if dtypes else "u1"    # no block anywhere: Transfer names the rank
+    t = Transfer(global_shape, dtype, mesh, src, dst, donate, workspace, strategy,
+                 dst_mesh=mesh if dst_mesh is None else dst_mesh)
+    try:
+        return t.run(local) if t.executor == "exchange" else \
+            t._run(local, None, extra_refs, records)
+    finally:
+        t.free()
 
 
 def _cached_transfer(mesh, plan, donate, workspace):

@@ -21,7 +21,7 @@ import numpy as np
 from .subaxes import group_size
 
 __all__ = ["chunk", "interval", "aligned", "divides_evenly", "block_index", "local_shape",
-           "rank_block", "overlap", "SLAB", "slabs", "slab_digit", "slab_index",
+           "rank_block", "overlap", "box_size", "flat_range_boxes", "SLAB", "slabs", "slab_digit", "slab_index",
            "slab_interval"]
 
 # Digit combinations per slab: int64 arrays of 32 KiB, so that a figure over
@@ -87,6 +87,38 @@ def overlap(a, b):
     out = tuple((max(a0, b0), min(a1, b1)) for (a0, a1), (b0, b1) in zip(a, b))
     if any(lo >= hi for lo, hi in out):
         return None
+    return out
+
+
+def box_size(box):
+    """Number of elements of a per-dim interval tuple."""
+    return math.prod(hi - lo for lo, hi in box)
+
+
+def flat_range_boxes(shape, start, stop):
+    """Boxes whose C-order concatenation is elements ``[start, stop)`` of ``shape``.
+
+    At most ``2 * ndim - 1`` boxes, relative to ``shape``: a partial leading
+    row, whole rows, a partial trailing row, each split the same way one
+    dim further in.  Used to pack or unpack a piece of a box in rounds
+    without copying the whole piece.
+    """
+    if start >= stop:
+        return []
+    if len(shape) <= 1:
+        return [((start, stop),)] if shape else [()]
+    rest = math.prod(shape[1:])
+    (i0, r0), (i1, r1) = divmod(start, rest), divmod(stop, rest)
+    if i0 == i1:
+        return [((i0, i0 + 1),) + b for b in flat_range_boxes(shape[1:], r0, r1)]
+    out = []
+    if r0:
+        out += [((i0, i0 + 1),) + b for b in flat_range_boxes(shape[1:], r0, rest)]
+        i0 += 1
+    if i1 > i0:
+        out.append(((i0, i1),) + tuple((0, n) for n in shape[1:]))
+    if r1:
+        out += [((i1, i1 + 1),) + b for b in flat_range_boxes(shape[1:], 0, r1)]
     return out
 
 

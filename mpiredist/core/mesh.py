@@ -4,6 +4,11 @@ A :class:`Mesh` is a value (names and sizes) with an optional communicator
 attached.  Planning only needs the sizes, so any mesh, e.g. 4096 devices,
 can be planned without MPI.  Rank ``r`` has coordinates
 ``numpy.unravel_index(r, sizes)``: row-major, last axis fastest.
+
+A mesh may cover only some ranks of its communicator: ``ranks`` lists them
+in device order (device ``i`` is rank ``ranks[i]``).  Such a mesh is a
+source or target of :func:`mpiredist.redistribute` between meshes; every
+rank of the communicator takes part in those calls.
 """
 
 import math
@@ -11,7 +16,7 @@ import re
 
 from .errors import MeshError
 
-__all__ = ["Mesh"]
+__all__ = ["Mesh", "parse_ranks", "format_ranks"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -64,6 +69,12 @@ class Mesh:
         The communicator whose ranks form the mesh.  ``None`` means
         ``MPI.COMM_WORLD`` when the mesh is used to run a plan; planning never
         needs it.
+    ranks : sequence of int, optional
+        The ranks of ``comm`` that are the mesh's devices, in row-major
+        device order.  ``None`` (the default): all ranks ``0..size-1``.
+        Their count must be the mesh's size; that they are distinct and
+        inside the communicator is checked, on every rank, by the calls
+        that run on the mesh.
 
     Examples
     --------
@@ -71,14 +82,17 @@ class Mesh:
     (1, 1)
     """
 
-    __slots__ = ("_axes", "_comm")
+    __slots__ = ("_axes", "_comm", "_ranks")
 
-    def __init__(self, axes, comm=None):
+    def __init__(self, axes, comm=None, ranks=None):
+        if isinstance(axes, Mesh) and ranks is None:
+            ranks = axes.ranks
         items = _parse_axes(axes)
         _validate(items)
         items = tuple((n, int(s)) for n, s in items)
         object.__setattr__(self, "_axes", items)
         object.__setattr__(self, "_comm", comm)
+        object.__setattr__(self, "_ranks", _parse_ranks(ranks, math.prod(s for _, s in items)))
 
     def __setattr__(self, name, value):
         raise AttributeError("Mesh is immutable")
@@ -106,13 +120,26 @@ class Mesh:
         """The attached communicator, or ``None`` (meaning ``COMM_WORLD``)."""
         return self._comm
 
+    @property
+    def ranks(self):
+        """The communicator ranks of the devices (a tuple), or ``None`` for all."""
+        return self._ranks
+
+    def device_ranks(self):
+        """Communicator rank of each device: ``ranks``, or ``0..size-1``."""
+        return self._ranks if self._ranks is not None else tuple(range(self.size))
+
+    def is_whole(self, comm_size):
+        """True if the mesh is every rank of a ``comm_size``-rank communicator, in order."""
+        return self.size == comm_size and self.device_ranks() == tuple(range(comm_size))
+
     def abstract(self):
         """Return the same mesh without a communicator."""
-        return Mesh(self._axes)
+        return Mesh(self._axes, None, self._ranks)
 
     def with_comm(self, comm):
         """Return the same mesh bound to ``comm``."""
-        return Mesh(self._axes, comm)
+        return Mesh(self._axes, comm, self._ranks)
 
     def axis_size(self, name):
         """Size of mesh axis ``name``; :class:`MeshError` if there is none."""
@@ -140,13 +167,58 @@ class Mesh:
         return r
 
     def __eq__(self, other):
-        return isinstance(other, Mesh) and self._axes == other._axes
+        return isinstance(other, Mesh) and self._axes == other._axes \
+            and self._ranks == other._ranks
 
     def __hash__(self):
-        return hash(("Mesh", self._axes))
+        return hash(("Mesh", self._axes, self._ranks))
 
     def __repr__(self):
-        return f"Mesh({dict(self._axes)!r})"
+        if self._ranks is None:
+            return f"Mesh({dict(self._axes)!r})"
+        return f"Mesh({dict(self._axes)!r}, ranks={list(self._ranks)!r})"
 
     def __str__(self):
-        return ",".join(f"{n}={s}" for n, s in self._axes)
+        text = ",".join(f"{n}={s}" for n, s in self._axes)
+        return text if self._ranks is None else f"{text}@{format_ranks(self._ranks)}"
+
+
+def _parse_ranks(ranks, size):
+    """``ranks`` as a tuple of ints (or None); MeshError if its count is not ``size``."""
+    if ranks is None:
+        return None
+    if isinstance(ranks, str):
+        ranks = parse_ranks(ranks)
+    try:
+        out = tuple(int(r) for r in ranks)
+    except (TypeError, ValueError):
+        raise MeshError(f"mesh ranks must be integers, found {ranks!r}") from None
+    if len(out) != size:
+        raise MeshError(f"mesh of {size} devices given {len(out)} ranks {list(out)}")
+    return out
+
+
+def parse_ranks(text):
+    """``"0-3,6"`` -> ``(0, 1, 2, 3, 6)`` (ranges inclusive, order kept)."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, sep, hi = part.partition("-")
+        try:
+            out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+        except ValueError:
+            raise MeshError(f"ranks {text!r}: expected N or N-M, found {part!r}") from None
+    return tuple(out)
+
+
+def format_ranks(ranks):
+    """The inverse of :func:`parse_ranks`: ``(0, 1, 2, 3, 6)`` -> ``"0-3,6"``."""
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if j - i < 2 else f"{ranks[i]}-{ranks[j]}")
+        if 0 < j - i < 2:
+            parts.append(str(ranks[j]))
+        i = j + 1
+    return ",".join(parts)

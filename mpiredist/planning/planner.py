@@ -22,6 +22,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from . import crossmesh
 from . import normal_form as nf
 from ..core.blocks import divides_evenly, local_shape
 from .costs import (collective_bytes, exchange_bytes, exchange_messages, group_sends,
@@ -46,7 +47,8 @@ STRATEGIES = ("collectives", "replicate", "direct")
 EXCHANGE_MIN_SAVING = 0.15
 
 
-def plan(global_shape, dtype, mesh, src, dst, strategy="collectives", allow_exchange=True):
+def plan(global_shape, dtype, mesh, src, dst, strategy="collectives", allow_exchange=True,
+         dst_mesh=None):
     """Plan the redistribution of an array from layout ``src`` to ``dst``.
 
     Parameters
@@ -62,9 +64,16 @@ def plan(global_shape, dtype, mesh, src, dst, strategy="collectives", allow_exch
         sequence of collectives exists (the in-place executor asks for this:
         collectives run in place, an exchange does not).
 
+    dst_mesh : Mesh, dict or str, optional
+        The target layout's mesh (default ``mesh``); either mesh may list
+        its ``ranks``.  Meshes over the same ranks whose axes nest give the
+        Plan on their refined mesh (axes ``_r0, _r1, ...``); others a
+        :class:`~mpiredist.planning.crossmesh.CrossPlan` of the exchange,
+        for a communicator just large enough for both meshes.
+
     Returns
     -------
-    Plan
+    Plan or CrossPlan
 
     Raises
     ------
@@ -77,10 +86,36 @@ def plan(global_shape, dtype, mesh, src, dst, strategy="collectives", allow_exch
     >>> [s.op for s in p.steps]
     ['all_to_all']
     """
+    if _between(mesh, dst_mesh):
+        return _plan_between(global_shape, dtype, mesh, src, dst, strategy, dst_mesh)
     shape, dtype, mesh, src, dst = validate(global_shape, dtype, mesh, src, dst)
     if strategy not in STRATEGIES:
         raise PlanError(f"strategy {strategy!r} is not one of {STRATEGIES}")
     return _plan(shape, dtype, mesh, src, dst, strategy, bool(allow_exchange))
+
+
+def _between(mesh, dst_mesh):
+    """True unless the plan is on one mesh over every rank (bad meshes raise later)."""
+    try:
+        mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
+        same = dst_mesh is None or (dst_mesh if isinstance(dst_mesh, Mesh)
+                                    else Mesh(dst_mesh)) == mesh
+    except (ValueError, TypeError):
+        return dst_mesh is not None
+    return not same or mesh.ranks is not None
+
+
+def _plan_between(global_shape, dtype, mesh, src, dst, strategy, dst_mesh):
+    """:func:`plan` between two meshes: the refined mesh's Plan, or a CrossPlan."""
+    target = mesh if dst_mesh is None else dst_mesh
+    target = target if isinstance(target, Mesh) else Mesh(target)
+    shape, dtype, mesh, src, _ = validate(global_shape, dtype, mesh, src, src)
+    _, _, target, dst, _ = validate(shape, dtype, target, dst, dst)
+    size = crossmesh.comm_size_of(mesh, target)
+    found = crossmesh.route(mesh, src, target, dst, size)
+    if found is not None:
+        return plan(shape, dtype, *found, strategy)
+    return crossmesh.cross_plan(shape, dtype, mesh, src, target, dst, size)
 
 
 def validate(global_shape, dtype, mesh, src, dst):

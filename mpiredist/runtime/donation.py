@@ -170,7 +170,7 @@ def check_block(local, shape, dtype, rank, what="local block"):
 def check_out(out, local, shape, dtype, rank):
     """ShapeError unless ``out`` can receive the target block."""
     check_block(out, shape, dtype, rank, "out")
-    if array_kind(out) != array_kind(local):
+    if local is not None and array_kind(out) != array_kind(local):
         raise ShapeError(f"rank {rank}: out is a {array_kind(out)} array but the block is "
                          f"a {array_kind(local)} array")
     flags = out.flags

@@ -41,6 +41,7 @@ from ..planning.plans import _bytes as format_bytes
 from .agree import agree_flags, check_together
 from .comm import base_comm, check_size, mesh_comm
 from .context import Context
+from .cross import CrossExchange, agree_cross, crossing
 from .donation import Donation, array_kind, check_block, check_out, judge_donation, references
 from .executor import execute
 from .packing import group_sides, part_limit, parts
@@ -61,7 +62,7 @@ class Transfer:
     dtype : numpy dtype or anything ``numpy.dtype`` accepts
     mesh : Mesh, dict or str
         Its communicator (``mesh.comm``, default ``MPI.COMM_WORLD``) must
-        have ``mesh.size`` ranks.
+        have ``mesh.size`` ranks, unless the mesh lists its ``ranks``.
     src, dst : Layout or str
     donate : bool
         Runs may reuse the block passed to :meth:`run` as their working
@@ -83,6 +84,18 @@ class Transfer:
         takes part with zeros, so nobody waits for it, and raises; the other
         ranks' results are then undefined and they are not told.  Cannot be
         combined with ``donate``.
+    dst_mesh : Mesh, optional
+        The mesh of the target layout, on the same communicator (default:
+        ``mesh``).  Every rank of the communicator constructs the Transfer
+        and calls :meth:`run`; a rank outside the source mesh passes
+        ``None``, a rank outside the target mesh gets ``None``.  When both
+        meshes are every rank in order and their axes nest (``x=8`` and
+        ``a=2,b=4``), the run is the collective normal form on one refined
+        mesh, donation included.  Otherwise it is a point-to-point exchange
+        in rounds (:mod:`mpiredist.runtime.exchange`): every rank allocates
+        its target block plus at most W; a donation is not honoured there
+        (a :class:`~mpiredist.DonationWarning` says so) and ``records``
+        stay empty.
 
     Raises
     ------
@@ -100,7 +113,13 @@ class Transfer:
     """
 
     def __init__(self, global_shape, dtype, mesh, src, dst, donate=False,
-                 workspace_bytes=None, strategy="collectives", checked=True):
+                 workspace_bytes=None, strategy="collectives", checked=True, dst_mesh=None):
+        self._cross = None
+        if crossing(mesh, dst_mesh):
+            self._init_cross(global_shape, dtype, mesh, src, dst, dst_mesh, donate,
+                             workspace_bytes, strategy, checked)
+            return
+
         def body(mesh, rank):
             plan = planner.plan(global_shape, dtype, mesh, src, dst, strategy)
             workspace = check_workspace(workspace_bytes, rank)
@@ -118,6 +137,30 @@ class Transfer:
         self._setup(mesh, plan, bool(donate), workspace)
         self._checked = bool(checked)
 
+    def _init_cross(self, global_shape, dtype, mesh, src, dst, dst_mesh, donate, workspace,
+                    strategy, checked):
+        """Between meshes: the refined mesh's plan, or an exchange (collective)."""
+        def extra(rank):
+            if donate and not checked:
+                raise PlanError("Transfer(donate=True, checked=False): donation needs "
+                                "checked runs")
+        mesh, target, shape, dt, s, d, route, w = agree_cross(
+            global_shape, dtype, mesh, src, dst, dst_mesh, workspace, strategy, extra)
+        kind, refined, plan = route
+        if kind == "refined":
+            self._setup(refined, plan, bool(donate), w)
+        else:
+            self._cross = CrossExchange(mesh, target, shape, dt, s, d, w)
+            self._mesh, self._donate, self._workspace = mesh, False, self._cross.workspace
+            self.source_shape = self._cross.source_shape
+            self.target_shape = self._cross.target_shape
+            if donate:
+                warnings.warn(DonationWarning(
+                    f"Transfer between meshes {mesh} and {target}: the exchange reads the "
+                    "source block in place, so a donation is not honoured on this route"),
+                    stacklevel=3)
+        self._checked = bool(checked)
+
     @classmethod
     def agreed(cls, mesh, plan, donate, workspace_bytes, one_buffer=False):
         """A Transfer of ``plan`` whose arguments the ranks have already agreed on.
@@ -128,6 +171,7 @@ class Transfer:
         place would fit (the benchmark's ``inplace`` strategy).
         """
         self = cls.__new__(cls)
+        self._cross = None
         self._setup(mesh, plan, bool(donate), workspace_bytes, one_buffer)
         return self
 
@@ -159,7 +203,13 @@ class Transfer:
 
     @property
     def plan(self):
-        """The plan a run executes when the source is kept (see :meth:`explain`)."""
+        """The plan a run executes when the source is kept (see :meth:`explain`).
+
+        Between meshes whose ranks do not nest: the
+        :class:`~mpiredist.planning.crossmesh.CrossPlan` of the exchange.
+        """
+        if self._cross is not None:
+            return self._cross.plan()
         return self._choices["kept"].plan
 
     @property
@@ -176,7 +226,9 @@ class Transfer:
 
     @property
     def executor(self):
-        """``"out of place"`` or ``"in place"``: what a run with a kept source uses."""
+        """``"out of place"``, ``"in place"`` or ``"exchange"`` (between meshes)."""
+        if self._cross is not None:
+            return "exchange"
         return self._choices["given" if self._donate else "kept"].executor
 
     def run(self, local, out=None, records=None):
@@ -190,11 +242,15 @@ class Transfer:
         ``records``, if a list, receives one
         :class:`~mpiredist.runtime.context.StepRecord` per step.
         """
+        if self._cross is not None:
+            return self._cross.run(local, out, self._checked)
         extra = references(local)          # beyond the caller's own name
         return self._run(local, out, extra, records)
 
     def explain(self):
         """What a run executes: executor, steps, rounds, bytes, predicted peak, W."""
+        if self._cross is not None:
+            return self._cross.explain()
         lines = [f"Transfer {self._plan.src} -> {self._plan.dst} on mesh {self._mesh}: "
                  f"{list(self._plan.global_shape)} {self._plan.dtype}, "
                  f"donate={self._donate}, checked={self._checked}, "
@@ -208,6 +264,9 @@ class Transfer:
 
         Sub-communicators belong to the mesh's communicator and are freed with it.
         """
+        if self._cross is not None:
+            self._cross.free()
+            return
         for ctx in self._contexts.values():
             ctx.free()
         self._contexts.clear()
@@ -220,6 +279,10 @@ class Transfer:
         self.free()
 
     def __repr__(self):
+        if self._cross is not None:
+            c = self._cross
+            return (f"Transfer({list(c.shape)}, {str(c.dtype)!r}, {c.mesh!r}, {str(c.src)!r}, "
+                    f"{str(c.dst)!r}, dst_mesh={c.dst_mesh!r}, workspace_bytes={c.workspace})")
         return (f"Transfer({list(self._plan.global_shape)}, {str(self._plan.dtype)!r}, "
                 f"{self._mesh!r}, {str(self._plan.src)!r}, {str(self._plan.dst)!r}, "
                 f"donate={self._donate}, workspace_bytes={self._workspace}, "

@@ -1,0 +1,166 @@
+"""Plans between two meshes (pure): one refined mesh, or an exchange in rounds.
+
+Two meshes over the same ranks in the same order whose axis boundaries nest
+(``x=8`` against ``a=2,b=4``: each axis is a run of prime digits of the rank)
+are both sub-axes of one *refined* mesh: :func:`refine` gives it, with each
+original axis as a run of its axes, so a layout on either mesh is a layout on
+the refined one and the collective normal form (and its memory theorem)
+applies unchanged.  Otherwise the array moves by the exchange of
+:mod:`mpiredist.planning.exchange`, and :class:`CrossPlan` describes it.
+"""
+
+from dataclasses import dataclass
+
+from ..core.blocks import box_size
+from ..core.errors import LayoutError
+from ..core.layout import Layout
+from ..core.mesh import Mesh
+from .exchange import mesh_boxes, recv_pieces, rounds, segment_items, send_pieces, holders_of
+
+__all__ = ["refine", "rewrite", "route", "comm_size_of", "CrossPlan", "cross_plan",
+           "default_workspace"]
+
+
+def _cuts(mesh):
+    """Place values at the axis boundaries: 1, last size, ..., mesh size."""
+    out, v = [1], 1
+    for s in reversed(mesh.sizes):
+        v *= s
+        out.append(v)
+    return out
+
+
+def refine(a, b):
+    """``(refined mesh, {axis: refined axes} of a, ... of b)``, or None.
+
+    None unless both meshes have the same number of devices, the same rank
+    list, and boundaries that nest (each divides the next).
+    """
+    if a.size != b.size or a.device_ranks() != b.device_ranks():
+        return None
+    cuts = sorted(set(_cuts(a)) | set(_cuts(b)))
+    if any(hi % lo for lo, hi in zip(cuts, cuts[1:])):
+        return None
+    names = {c: f"_r{i}" for i, c in enumerate(reversed(cuts[:-1]))}   # major first
+    axes = tuple((names[lo], hi // lo) for lo, hi in reversed(list(zip(cuts, cuts[1:]))))
+    refined = Mesh(axes, a.comm)          # both are every rank, in order
+    return refined, _runs(a, cuts, names), _runs(b, cuts, names)
+
+
+def _runs(mesh, cuts, names):
+    out, v = {}, 1
+    for name, size in reversed(mesh.axes):
+        inside = [c for c in cuts if v <= c < v * size]
+        out[name] = tuple(names[c] for c in reversed(inside))
+        v *= size
+    return out
+
+
+def rewrite(layout, runs):
+    """``layout`` with every mesh axis replaced by its run of refined axes."""
+    layout = Layout.parse(layout)
+    dims = tuple(tuple(r for a in d for r in runs[a]) for d in layout.dims)
+    return Layout(dims, tuple(r for a in layout.partial for r in runs[a]), layout.op)
+
+
+def route(mesh, src, dst_mesh, dst, comm_size):
+    """``(refined mesh, src, dst)`` rewritten onto it, or None for an exchange (pure).
+
+    LayoutError for a partial target that only the exchange could reach
+    (the exchange does not make partial sums).
+    """
+    whole = mesh.is_whole(comm_size) and dst_mesh.is_whole(comm_size)
+    found = refine(mesh, dst_mesh) if whole else None
+    if found is None:
+        if dst.partial:
+            raise LayoutError(f"target layout {dst} has partial axes; between meshes whose "
+                              "rank orders do not nest the target must be reduced")
+        return None
+    refined, runs_a, runs_b = found
+    return refined, rewrite(src, runs_a), rewrite(dst, runs_b)
+
+
+def comm_size_of(*meshes):
+    """Ranks a communicator needs for ``meshes``: enough for every listed rank."""
+    return max(max(m.device_ranks()) + 1 if m.size else 0 for m in meshes)
+
+
+def default_workspace(max_block_bytes):
+    """W by default: a quarter of the largest block any rank holds, plus 1 MiB."""
+    return max_block_bytes // 4 + (1 << 20)
+
+
+@dataclass(frozen=True)
+class CrossPlan:
+    """An exchange between two meshes: what moves, in how many rounds.
+
+    Figures are over all ranks of the communicator (``comm_size``), for the
+    workspace W.  ``bytes_sent_max`` and ``bytes_received_max`` are the most
+    any rank sends or receives from other ranks; ``bytes_total`` is the sum.
+    """
+
+    global_shape: tuple
+    dtype: object
+    src_mesh: Mesh
+    src: Layout
+    dst_mesh: Mesh
+    dst: Layout
+    comm_size: int
+    workspace: int
+    bytes_total: int
+    bytes_sent_max: int
+    bytes_received_max: int
+    peers: int
+    segment_items: int
+    rounds: int
+
+    def to_dict(self):
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d.update(global_shape=list(self.global_shape), dtype=str(self.dtype),
+                 src_mesh=str(self.src_mesh), dst_mesh=str(self.dst_mesh),
+                 src=str(self.src), dst=str(self.dst), kind="exchange between meshes")
+        return d
+
+    def to_json(self, **kwargs):
+        import json
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def explain(self):
+        from .plans import _bytes
+        return "\n".join([
+            f"Exchange {self.src} on mesh {self.src_mesh} -> {self.dst} on mesh "
+            f"{self.dst_mesh}: {list(self.global_shape)} {self.dtype}, "
+            f"{self.comm_size} ranks, W = {_bytes(self.workspace)}",
+            f"  sends {_bytes(self.bytes_total)} in all; at most {_bytes(self.bytes_sent_max)}"
+            f" sent and {_bytes(self.bytes_received_max)} received by one rank",
+            f"  {self.rounds} round(s) of point-to-point messages, at most {self.peers} "
+            f"peer(s) per rank, segments of {self.segment_items} item(s)",
+            "  memory: target block + W on every rank (S = 0 off the source mesh, "
+            "T = 0 off the target mesh)"])
+
+    def __str__(self):
+        return self.explain()
+
+
+def cross_plan(shape, dtype, src_mesh, src, dst_mesh, dst, comm_size, workspace=None):
+    """The :class:`CrossPlan` of an exchange (every rank's pieces: O(ranks^2) work)."""
+    itemsize = dtype.itemsize
+    sboxes = mesh_boxes(shape, src_mesh, src, comm_size, partial=True)
+    tboxes = mesh_boxes(shape, dst_mesh, dst, comm_size)
+    if workspace is None:
+        workspace = default_workspace(itemsize * max(
+            [box_size(b) for b in tboxes if b is not None] +
+            [box_size(e[0]) for e in sboxes if e is not None] + [0]))
+    holders = holders_of(sboxes)
+    sent, received, peers, largest = [], [], 1, 0
+    for r in range(comm_size):
+        out = [x for x in send_pieces(r, sboxes, tboxes, holders) if x.peer != r]
+        into = [x for x in recv_pieces(r, sboxes, tboxes, holders) if x.peer != r]
+        sent.append(sum(box_size(x.box) for x in out) * itemsize)
+        received.append(sum(box_size(x.box) for x in into) * itemsize)
+        peers = max(peers, len(out), len(into))
+        largest = max([largest] + [box_size(x.box) for x in out])
+    s = segment_items(max(1, workspace // 2), itemsize, peers)
+    return CrossPlan(tuple(shape), dtype, src_mesh, Layout.parse(src), dst_mesh,
+                     Layout.parse(dst), comm_size, workspace, sum(sent), max(sent + [0]),
+                     max(received + [0]), peers, s, rounds(largest, s))

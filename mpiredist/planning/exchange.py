@@ -1,0 +1,211 @@
+"""A direct exchange between any two sets of blocks, in rounds within a budget (pure).
+
+Used where the collective normal form does not apply: between meshes whose
+rank orders do not nest, or between shapes (``reshape``).  Every rank of the
+communicator has at most one source box and one target box (global
+``(start, stop)`` per dim), or ``None``; source boxes of different ranks are
+identical or disjoint, as blocks of a layout are.  Source ranks with the same
+box and the same *class* (index over the partial axes) hold the same values;
+different classes of a box are partial results to combine with ``op``.
+
+Who sends what (:func:`recv_pieces`, :func:`send_pieces`), decided from the
+boxes alone, so every rank derives the same answer:
+
+- a target rank that holds the data itself copies it locally;
+- otherwise, for a non-partial source, the piece is split along its longest
+  dim among all ranks that hold it, part ``i`` from holder ``(i + q) mod k``
+  (the load of a replicated source is spread over its holders);
+- for a partial source, each class sends its whole piece, from holder
+  ``q mod k`` of that class, so the parts of all classes coincide and the
+  target combines them in class order (the same order on every target, so
+  replicated results are bitwise equal).
+
+Rounds (:func:`segment_items`): every piece is cut into segments of ``s``
+items, in C order; round ``r`` moves segment ``r`` of every piece.  With
+``s = B // (itemsize * peers)`` (``peers`` the most remote pieces any rank
+sends or receives), no rank packs more than ``B`` bytes to send or receives
+more than ``B`` in a round: with ``B = W // 2`` an exchange allocates the
+target block plus at most ``W``.
+"""
+
+from collections import namedtuple
+
+import numpy as np
+
+from ..core.blocks import block_index, box_size, flat_range_boxes, interval, overlap, rank_block
+from ..core.layout import Layout
+from ..core.subaxes import expand, rank_digits
+
+__all__ = ["mesh_boxes", "Piece", "recv_pieces", "send_pieces", "segment_items", "rounds",
+           "segment_boxes", "simulate", "holders_of", "REDUCERS"]
+
+REDUCERS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+
+Piece = namedtuple("Piece", "peer box cls")
+Piece.__doc__ = """A piece of one exchange: the other rank, the global box, the source class."""
+
+
+def mesh_boxes(shape, mesh, layout, comm_size, partial=False):
+    """Per communicator rank: its box of ``layout`` on ``mesh``, or None off the mesh.
+
+    With ``partial`` each entry is ``(box, class)``, the class being the
+    rank's index over the layout's partial axes (a source entry).
+    """
+    sub = expand(Layout.parse(layout), mesh)
+    out = [None] * comm_size
+    for device, rank in enumerate(mesh.device_ranks()):
+        digits = rank_digits(mesh, device)
+        box = rank_block(tuple(shape), sub, digits)
+        out[rank] = (box, block_index(sub.partial, digits)) if partial else box
+    return out
+
+
+def holders_of(src):
+    """``{box: {class: sorted ranks}}`` of the source entries ``(box, class)``."""
+    out = {}
+    for rank, entry in enumerate(src):
+        if entry is not None and entry[0] is not None:
+            box, cls = entry
+            out.setdefault(box, {}).setdefault(cls, []).append(rank)
+    return out
+
+
+def _split(box, k, i):
+    """Part ``i`` of ``k`` of ``box``, cut along its longest dim (None if empty)."""
+    if not box:
+        return box if i == 0 else None
+    d = max(range(len(box)), key=lambda j: (box[j][1] - box[j][0], -j))
+    lo, hi = box[d]
+    a, b = interval(hi - lo, k, i)
+    if a >= b:
+        return None
+    return box[:d] + ((lo + a, lo + b),) + box[d + 1:]
+
+
+def _parts(q, piece, classes):
+    """``[(holder, part, class)]`` that target ``q`` receives for one source box."""
+    out = []
+    partial = len(classes) > 1
+    for cls in sorted(classes):
+        ranks = classes[cls]
+        k = len(ranks)
+        if q in ranks:
+            out.append((q, piece, cls))
+        elif partial:
+            out.append((ranks[q % k], piece, cls))
+        else:
+            for i in range(k):
+                part = _split(piece, k, i)
+                if part is not None:
+                    out.append((ranks[(i + q) % k], part, cls))
+    return out
+
+
+def recv_pieces(q, src, dst, holders=None):
+    """Pieces that rank ``q`` receives, ordered by (part, class): combine in this order."""
+    box = dst[q]
+    if box is None:
+        return []
+    holders = holders_of(src) if holders is None else holders
+    out = []
+    for sbox, classes in holders.items():
+        piece = overlap(sbox, box) if box else ()
+        if piece is None or box_size(piece) == 0:
+            continue
+        out.extend(Piece(p, part, cls) for p, part, cls in _parts(q, piece, classes))
+    return sorted(out, key=lambda x: (x.box, x.cls))
+
+
+def send_pieces(p, src, dst, holders=None):
+    """Pieces that rank ``p`` sends (its own target included), ordered by target."""
+    if src[p] is None or src[p][0] is None:
+        return []
+    sbox, cls = src[p]
+    holders = holders_of(src) if holders is None else holders
+    classes = holders[sbox]
+    out = []
+    for q, box in enumerate(dst):
+        if box is None:
+            continue
+        piece = overlap(sbox, box) if box else ()
+        if piece is None or box_size(piece) == 0:
+            continue
+        out.extend(Piece(q, part, cls) for h, part, c in _parts(q, piece, classes)
+                   if h == p and c == cls)
+    return out
+
+
+def segment_items(budget, itemsize, peers, limit_bytes=None):
+    """Items per segment: ``budget // (itemsize * peers)``, at least 1, within ``limit_bytes``."""
+    s = budget // (itemsize * max(1, peers))
+    if limit_bytes is not None:
+        s = min(s, limit_bytes // itemsize)
+    return max(1, s)
+
+
+def rounds(items, s):
+    """Rounds to move ``items`` in segments of ``s``."""
+    return -(-items // s)
+
+
+def segment_boxes(box, r, s):
+    """Global boxes of segment ``r`` (items ``[r*s, (r+1)*s)``) of ``box``, C order."""
+    n = box_size(box)
+    lo, hi = r * s, min((r + 1) * s, n)
+    if lo >= hi:
+        return []
+    shape = tuple(b - a for a, b in box)
+    return [tuple((a + x, a + y) for (a, _), (x, y) in zip(box, sub))
+            for sub in flat_range_boxes(shape, lo, hi)]
+
+
+def _view(block, box, sub):
+    """``block`` (holding global ``box``) at global sub-box ``sub``."""
+    return block[tuple(slice(x - a, y - a) for (a, _), (x, y) in zip(box, sub)) + (Ellipsis,)]
+
+
+def simulate(array, src, dst, op="sum", budget=1 << 20, itemsize=None):
+    """Every rank's target block, moving ``array``'s source blocks by the rounds above.
+
+    ``array`` is the global array per class: a list of arrays (one per class)
+    or one array for a non-partial source.  Returns ``(blocks, stats)``,
+    ``stats`` holding the rounds and the most bytes any rank packed or
+    received in one round.  No MPI: for tests of the piece rules.
+    """
+    arrays = array if isinstance(array, list) else [array]
+    itemsize = arrays[0].itemsize if itemsize is None else itemsize
+    holders = holders_of(src)
+    recvs = [recv_pieces(q, src, dst, holders) for q in range(len(dst))]
+    sends = [send_pieces(p, src, dst, holders) for p in range(len(src))]
+    peers = max([sum(x.peer != q for x in pieces) for q, pieces in enumerate(recvs)]
+                + [sum(x.peer != p for x in pieces) for p, pieces in enumerate(sends)] + [1])
+    s = segment_items(budget, itemsize, peers)
+    total = max([rounds(box_size(x.box), s) for pieces in recvs for x in pieces] + [0])
+    out = [None if b is None else np.empty(tuple(hi - lo for lo, hi in b), arrays[0].dtype)
+           for b in dst]
+    most = 0
+    for r in range(total):
+        for q, pieces in enumerate(recvs):
+            got = _apply(out[q], dst[q], pieces, arrays, r, s, REDUCERS[op], q)
+            most = max(most, got * itemsize)
+        for p, pieces in enumerate(sends):
+            n = sum(box_size(b) for x in pieces if x.peer != p for b in segment_boxes(x.box, r, s))
+            most = max(most, n * itemsize)
+    return out, dict(rounds=total, segment=s, peers=peers, most_bytes=most)
+
+
+def _apply(block, box, pieces, arrays, r, s, reducer, q):
+    """Combine segment ``r`` of ``pieces`` into ``block``; items received from others."""
+    received, first = 0, set()
+    for x in pieces:
+        for sub in segment_boxes(x.box, r, s):
+            value = arrays[x.cls][tuple(slice(a, b) for a, b in sub)]
+            target = _view(block, box, sub)
+            if sub in first:
+                reducer(target, value, out=target)
+            else:
+                target[...] = value
+                first.add(sub)
+            if x.peer != q:
+                received += box_size(sub)
+    return received

@@ -9,16 +9,19 @@ Routes (every decision from shapes and layouts only):
 * No touched dim (int, or a slice that is not the whole dim) is sharded:
   the block is indexed locally -- a view, no communication, partial axes
   kept.
-* Otherwise the touched dims' mesh axes move onto the longest untouched
-  dim (:func:`mpiredist.arrays.shape.off_dims`; one bounded
-  redistribution, whose block is about as large as the source's when that
-  dim is long enough), the block is indexed locally there (where the
-  ceil-chunk blocks of the untouched dim are unchanged), and the result is
-  redistributed to its layout (a second bounded redistribution, usually of
-  a smaller array).  When every dim is touched, the touched axes replicate
-  in the middle step: each rank then holds the source's block times the
-  number of shards of those axes (documented limitation).  A one-exchange
-  route would need arbitrary (non ceil-chunk) blocks in the runtime.
+* Touched sharded dims, every slice of step 1: one exchange in rounds
+  (:mod:`mpiredist.arrays.moves`).  Each rank offers the part of its block
+  that the key selects, as a box of the result, and receives its block of
+  the result's layout (ceil-chunk over the new lengths); partial sums are
+  combined on the way.  Memory: the result's block plus at most W.
+* Touched sharded dims with a slice of another step: the touched dims' mesh
+  axes move onto the longest untouched dim
+  (:func:`mpiredist.arrays.shape.off_dims`; one bounded redistribution),
+  the block is indexed locally there, and the result is redistributed to
+  its layout (a second bounded redistribution).  When every dim is touched,
+  the touched axes replicate in the middle step: each rank then holds the
+  source's block times the number of shards of those axes (documented
+  limitation of strided slices).
 
 Errors (:class:`IndexingError`, a ShapeError and an IndexError) are raised
 on every rank before any data moves: the key depends only on the shape.
@@ -30,6 +33,10 @@ from ..core.errors import ShapeError
 from ..core.layout import Layout
 from . import ops
 from .base import DistArrayBase
+from ..core.backend import array_module
+from ..runtime.comm import base_comm
+from . import moves
+from .moves import source_entries
 from .shape import off_dims
 
 __all__ = ["getitem", "IndexingError"]
@@ -119,6 +126,8 @@ def getitem(a, key):
         dims, lkey = _result(items, a.layout)
         lay = Layout(tuple(dims), a.layout.partial, a.layout.op)
         return type(a)(a.local[lkey], shape, lay, a.mesh)
+    if all(kind != "slice" or k.step == 1 for kind, _, k in items):
+        return _exchanged(a, items, shape)
     work = off_dims(a.layout, a.shape, touched)
     b = ops.reduce(a, work) if a.layout.partial else a.redistribute(work)
     dims, lkey = _result(items, work)
@@ -128,3 +137,44 @@ def getitem(a, key):
     want, _ = _result(items, keep)
     want = Layout(tuple(want))
     return mid if mid.layout == want else mid.redistribute(want)
+
+
+def _project(box, items):
+    """The result box of a source ``box`` and this rank's local key, or None."""
+    out, key = [], []
+    for kind, d, k in items:
+        if kind == "new":
+            out.append((0, 1))
+            key.append(None)
+            continue
+        lo, hi = box[d]
+        if kind == "int":
+            if not lo <= k < hi:
+                return None, None
+            key.append(k - lo)
+            continue
+        a, b = max(lo, k.start), min(hi, k.stop)
+        if a >= b:
+            return None, None
+        out.append((a - k.start, b - k.start))
+        key.append(slice(a - lo, b - lo))
+    return tuple(out), tuple(key)
+
+
+def _exchanged(a, items, shape):
+    """``a[key]`` for step-1 slices and ints: one exchange from the selected part of
+    every block to the result's blocks (partial sums combined on the way)."""
+    want = Layout(tuple(_result(items, a.layout.without_partial())[0]))
+    rank = base_comm(a.mesh).Get_rank()
+    src, local = [], None
+    for r, entry in enumerate(source_entries(a.shape, a.mesh, a.layout)):
+        box, key = (None, None) if entry is None else _project(entry[0], items)
+        src.append(None if box is None else (box, entry[1]))
+        if r == rank and box is not None:
+            local = a.local[key]
+    dst = [None if e is None else e[0] for e in source_entries(shape, a.mesh, want)]
+    out = None
+    if dst[rank] is not None:
+        out = array_module(a.local).empty(tuple(hi - lo for lo, hi in dst[rank]), a.dtype)
+    moves.exchange_into(a.mesh, a.dtype, src, dst, local, out, a.layout.op)
+    return type(a)(out, shape, want, a.mesh)

@@ -10,26 +10,22 @@ Routes and memory (S, T: this rank's source and target block bytes; each
     Local; one new block.  ``astype`` of a partial array reduces it first
     (a cast does not commute with the pending sum), ``copy`` keeps it partial.
 ``concatenate(arrays, axis, layout)``
-    Default layout: the first array's (without partial axes).  When it does
-    not shard ``axis``, each input moves to that layout (on its own shape)
-    and the blocks are joined locally.  When it does, ``axis``'s mesh axes
-    are first moved onto the longest other dim (:func:`off_dims`), the
-    blocks joined there and the result redistributed to ``layout``: two
-    bounded redistributions; peak about the sum of the inputs' blocks plus
-    the result's block.  A 1-D concatenate along a sharded dim has no other
-    dim: its inputs are replicated first (each rank then holds the whole
-    result once; documented limitation).
+    Default layout: the first array's (without partial axes).  The result's
+    block is allocated once and each input moves into its stretch of
+    ``axis`` by one exchange in rounds (:mod:`mpiredist.arrays.moves`),
+    whatever the layouts, sharded ``axis`` and 1-D arrays included; partial
+    inputs are combined on the way.  Memory: the result's block plus at most
+    W (an input of another dtype is first cast locally: one block more).
 ``reshape(shape, layout=None)``
     C order, one -1 allowed.  Default target layout: dim 0 split over every
     mesh axis the source shards with (in the source's order), the rest whole.
-    Route (the simple one of the issue): when source and target share
-    leading dims of equal lengths, both are moved to a layout that splits
-    only the first of them over those axes; each rank's block is then the
-    same range of flat indices in both shapes, reshaped locally, and
-    redistributed to the target (bounded at each step).  When they share no
-    leading dim, the blocks along dim 0 of the two shapes hold the same flat
-    ranges only if ``ceil(n0/k) * rest`` agrees; otherwise the array is
-    replicated (gathered) first: a full copy per rank, documented.
+    Route: the source moves to dim 0 split over its axes (nothing moves when
+    it is already so), where every block is one range of flat indices; one
+    exchange in rounds (:mod:`mpiredist.arrays.moves`) gives each rank its
+    flat range of the target split the same way over the target's axes
+    (contiguous pieces, sent and received in place); then the target
+    layout, if it shards other dims.  Each step is within its own bound;
+    the exchange allocates the new block and at most W.
 """
 
 import math
@@ -40,10 +36,12 @@ import numpy as np
 from ..core.backend import array_module
 from ..core.errors import LayoutError, ShapeError
 from ..core.layout import Layout
-from ..core.subaxes import expand
-from ..core.blocks import local_shape
 from . import ops
 from .base import DistArrayBase
+from ..core.blocks import overlap
+from ..runtime.comm import base_comm
+from . import moves
+from .moves import shifted, source_entries
 
 __all__ = ["transpose", "T", "astype", "copy", "concatenate", "reshape", "off_dims"]
 
@@ -51,10 +49,6 @@ __all__ = ["transpose", "T", "astype", "copy", "concatenate", "reshape", "off_di
 def _dist(a, what):
     if not isinstance(a, DistArrayBase):
         raise ops.OperandError(f"{what}: expected a DistArray, found {type(a).__name__}")
-
-
-def _reduced(a):
-    return ops.reduce(a) if a.layout.partial else a
 
 
 def transpose(a, *axes):
@@ -160,13 +154,33 @@ def concatenate(arrays, axis=0, layout=None):
     if dst.partial:
         raise LayoutError(f"concatenate: target layout {dst} has partial axes")
     dtype = np.result_type(*[a.dtype for a in arrays])
-    work = off_dims(dst, shape, (d,)) if dst.dims[d] else dst
-    blocks = [_to(a, work).local for a in arrays]
-    xp = array_module(blocks[0])
-    local = xp.concatenate([b.astype(dtype, copy=False) for b in blocks], axis=d)
-    del blocks
-    out = type(first)(local, shape, work, first.mesh)
-    return out if work == dst else out.redistribute(dst)
+    mesh = first.mesh
+    rank = base_comm(mesh).Get_rank()
+    mine = source_entries(shape, mesh, dst)[rank][0]
+    xp = array_module(first.local)
+    out = xp.empty(tuple(hi - lo for lo, hi in mine), dtype)
+    offset = 0
+    for a in arrays:
+        _join(a if a.dtype == dtype else astype(a, dtype, copy=False), d, offset, shape, dst,
+              mine, out)
+        offset += a.shape[d]
+    return type(first)(out, shape, dst, mesh)
+
+
+def _join(a, d, offset, shape, dst, mine, out):
+    """Move ``a`` into its stretch ``[offset, offset + n)`` of dim ``d`` of the result
+    blocks (one exchange; partial sums combined on the way)."""
+    region = tuple((offset, offset + a.shape[d]) if k == d else (0, n)
+                   for k, n in enumerate(shape))
+    boxes = [None if e is None else overlap(e[0], region)
+             for e in source_entries(shape, a.mesh, dst)]
+    inside = [None if b is None else shifted(b, d, -offset) for b in boxes]
+    rank = base_comm(a.mesh).Get_rank()
+    view = None
+    if boxes[rank] is not None:
+        view = out[tuple(slice(x - lo, y - lo) for (lo, _), (x, y) in zip(mine, boxes[rank]))]
+    moves.exchange_into(a.mesh, a.dtype, source_entries(a.shape, a.mesh, a.layout), inside,
+                  a.local, view, a.layout.op)
 
 
 def _to(a, layout):
@@ -204,53 +218,50 @@ def reshape(a, *shape, layout=None):
     if len(shape) == 1:
         shape = shape[0]
     new = _target_shape(math.prod(a.shape), shape, "reshape")
-    axes = a.layout.axes_used()
     if layout is None:
-        dst = Layout(tuple(axes if i == 0 else () for i in range(len(new))))
+        dst = _rows(a.layout.axes_used(), len(new))
     else:
         dst = Layout.parse(layout)
         dst.validate(a.mesh, len(new))
         if dst.partial:
             raise LayoutError(f"reshape: target layout {dst} has partial axes")
-    a = _reduced(a) if a.layout.partial else a
     if new == a.shape:
-        return a.redistribute(dst) if a.layout != dst else a
-    both = tuple(dst.axes_used())
-    lead = 0
-    while lead < min(len(new), a.ndim) and new[lead] == a.shape[lead]:
-        lead += 1
-    mesh = a.mesh
-    if lead:
-        # split dim 0 over every axis that either layout uses: same flat ranges
-        axes_all = tuple(dict.fromkeys(axes + both))
-        src_work = Layout(tuple(axes_all if i == 0 else () for i in range(a.ndim)))
-        dst_work = Layout(tuple(axes_all if i == 0 else () for i in range(len(new))))
-    else:
-        axes_all = tuple(dict.fromkeys(axes + both))
-        src_work = Layout(tuple(axes_all if i == 0 else () for i in range(a.ndim)))
-        dst_work = Layout(tuple(axes_all if i == 0 else () for i in range(len(new))))
-        s_loc = local_shape(a.shape, expand(src_work, mesh))
-        d_loc = local_shape(new, expand(dst_work, mesh))
-        if math.prod(s_loc) != math.prod(d_loc) or a.shape[0] == 0 or new[0] == 0 or \
-                _last_size(a.shape, src_work, mesh) != _last_size(new, dst_work, mesh):
-            src_work = Layout.replicated(a.ndim)
-            dst_work = Layout.replicated(len(new))
-    b = a if a.layout == src_work else a.redistribute(src_work)
-    lshape = tuple(hi - lo for lo, hi in _box(new, dst_work, mesh))
-    out = type(a)(b.local.reshape(lshape), new, dst_work, mesh)
+        return _to(a, dst)
+    b = _to(a, _rows(a.layout.axes_used() + a.layout.partial, a.ndim))
+    work = _rows(dst.axes_used(), len(new))
+    out = _flat_move(b, new, work)
     del b
-    return out if dst_work == dst else out.redistribute(dst)
+    return out if work == dst else out.redistribute(dst)
+
+
+def _rows(axes, ndim):
+    """Dim 0 split over ``axes``, the other dims whole: blocks are flat ranges."""
+    return Layout(tuple(tuple(axes) if i == 0 else () for i in range(ndim)))
+
+
+def _flat(box, shape):
+    """The flat range of a block of a dim-0 split (a 1-D box)."""
+    if not shape:
+        return ((0, 1),)
+    rest = math.prod(shape[1:])
+    return ((box[0][0] * rest, box[0][1] * rest),)
+
+
+def _flat_move(b, new, work):
+    """``b`` (a dim-0 split) as shape ``new`` in layout ``work`` (a dim-0 split): one
+    exchange of flat ranges."""
+    mesh = b.mesh
+    src = [None if e is None else (_flat(e[0], b.shape), e[1])
+           for e in source_entries(b.shape, mesh, b.layout)]
+    dst = [None if e is None else _flat(e[0], new)
+           for e in source_entries(new, mesh, work)]
+    lshape = tuple(hi - lo for lo, hi in _box(new, work, mesh))
+    xp = array_module(b.local)
+    out = xp.empty(lshape, b.dtype)
+    moves.exchange_into(mesh, b.dtype, src, dst, b.local.reshape(-1), out.reshape(-1))
+    return type(b)(out, new, work, mesh)
 
 
 def _box(shape, layout, mesh):
     from .broadcast import this_block
     return this_block(shape, layout, mesh)
-
-
-def _last_size(shape, layout, mesh):
-    """Elements of the last non-empty shard along dim 0 (every rank's share must agree)."""
-    from ..core.blocks import chunk
-    k = math.prod(mesh.axis_size(x) for x in layout.dims[0]) if layout.dims else 1
-    c = chunk(shape[0], k)
-    rest = math.prod(shape[1:])
-    return [min(c, max(0, shape[0] - p * c)) * rest for p in range(k)]

@@ -55,3 +55,32 @@ def need_ranks(comm, n):
     """Skip the calling test, on every rank, when `comm` has fewer than `n` ranks."""
     if comm.size < n:
         pytest.skip(f"needs at least {n} MPI ranks, running with {comm.size}")
+
+
+def run_json(comm, main, argv):
+    """Run ``main(argv + ["--json", F], comm=comm)`` on every rank (collective).
+
+    Returns ``(rc, document)``: the JSON file rank 0 wrote, the same on every
+    rank; the file is removed.
+    """
+    import json
+    import os
+    import tempfile
+
+    path = None
+    if comm.rank == 0:
+        fd, path = tempfile.mkstemp(suffix=".json", prefix="mpiredist-test-")
+        os.close(fd)
+    path = comm.bcast(path)
+    try:
+        rc = main(list(argv) + ["--json", path], comm=comm)
+        doc = None
+        if comm.rank == 0:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        doc = comm.bcast(doc)                 # rank 0 wrote it; others may not see it
+    finally:
+        comm.Barrier()
+        if comm.rank == 0:
+            os.unlink(path)
+    return rc, doc

@@ -1,11 +1,8 @@
 """The benchmark, run in-process on the current communicator (any rank count)."""
 
-import json
-import os
-import tempfile
 
 import pytest
-from helpers import all_ok
+from helpers import all_ok, run_json
 
 from mpiredist.bench import report, runner
 from mpiredist.bench.__main__ import main
@@ -15,23 +12,7 @@ SCALE = 64
 
 def _run_bench(comm, argv):
     """Run ``main(argv + --json F)`` on every rank; return (rc, document) agreed."""
-    path = None
-    if comm.rank == 0:
-        fd, path = tempfile.mkstemp(suffix=".json", prefix="mpiredist-bench-")
-        os.close(fd)
-    path = comm.bcast(path)
-    try:
-        rc = main(argv + ["--json", path, "--no-progress"], comm=comm)
-        doc = None
-        if comm.rank == 0:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-        doc = comm.bcast(doc)                 # rank 0 wrote it; others may not see it
-    finally:
-        comm.Barrier()
-        if comm.rank == 0:
-            os.unlink(path)
-    return rc, doc
+    return run_json(comm, main, list(argv) + ["--no-progress"])
 
 
 def _expected_pairs(entries, strategies):

@@ -23,7 +23,8 @@
 # MPIREDIST_TEST_RANKS (PyPI MPICH, default "1 2 3 4 8"), MPIREDIST_OMPI_RANKS
 # (default "2 3 4"), MPIREDIST_SYSTEM_RANKS (default "2"),
 # MPIREDIST_LIMIT_RANKS (rank count of the count-limit stages, default 3;
-# empty skips them), MPIREDIST_TEST_LARGE (1 = run the large stages, the
+# empty skips them), MPIREDIST_CROSS_RANKS (further rank counts of the
+# between-meshes tests under PyPI MPICH, default "6"; empty skips them), MPIREDIST_TEST_LARGE (1 = run the large stages, the
 # default; 0 skips them), MPIREDIST_TEST_SLURM (1 = the Slurm stage,
 # scripts/slurm_ci.sh, the default; 0 skips it), MPIREDIST_MPI_TIMEOUT (seconds per stage, default
 # 300), MPIREDIST_LARGE_TIMEOUT (default 900), MPIREDIST_HANG_DUMP (seconds
@@ -47,6 +48,8 @@ RANKS="${MPIREDIST_TEST_RANKS:-1 2 3 4 8}"
 OMPI_RANKS="${MPIREDIST_OMPI_RANKS:-2 3 4}"
 SYSTEM_RANKS="${MPIREDIST_SYSTEM_RANKS:-2}"
 LIMIT_RANKS="${MPIREDIST_LIMIT_RANKS-3}"
+CROSS_RANKS="${MPIREDIST_CROSS_RANKS-6}"
+CROSS_TESTS=(tests/mpi/test_cross_mesh.py tests/mpi/test_analytics_memory.py)
 RUN_LARGE="${MPIREDIST_TEST_LARGE:-1}"
 MPI_TIMEOUT="${MPIREDIST_MPI_TIMEOUT:-300}"
 LARGE_TIMEOUT="${MPIREDIST_LARGE_TIMEOUT:-900}"
@@ -220,6 +223,9 @@ mpi_setup_stage() {
 if has_mpi mpich && [ "$MPICH_OK" = 1 ]; then
     MPI_RUN_ENV=(); MPI_LAUNCH=("$MPIEXEC")
     mpi_stages mpich "$RANKS" large "$@"
+    for n in $CROSS_RANKS; do
+        mpi_stage "mpich np=$n cross-mesh" "$n" "$MPI_TIMEOUT" "" "${CROSS_TESTS[@]}" "$@"
+    done
 fi
 
 if has_mpi openmpi; then

@@ -221,3 +221,41 @@ def test_errors_raise_on_every_rank():
     all_ok(COMM, mr.redistribute(_source(G, whole, "[{x},{}]"), shape, whole, "[{x},{}]",
                                  "[{},{}]", dst_mesh=_mesh({"a": 1}, [0])) is not None
            or RANK != 0, "still usable after the errors")
+
+
+RSS_NOISE = 1 << 20             # pages and interpreter noise the RSS figure may add
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("which", ["permuted", "disjoint halves"])
+def test_memory_within_bound_rss(which):
+    """The same bound as the OS sees it (MPI's buffers included), 4-8 MiB blocks."""
+    from mpiredist.bench.memory import rss_environment_missing, rss_peak, rss_supported
+    need_ranks(COMM, 2)
+    if not rss_supported() or rss_environment_missing():
+        pytest.skip("needs /proc and " + " ".join(rss_environment_missing())
+                    + " from process start (scripts/test.sh sets them)")
+    half = P // 2
+    if which == "permuted":
+        m1, m2 = _mesh({"x": P}), _mesh({"a": P}, list(reversed(range(P))))
+    else:
+        m1, m2 = _mesh({"x": half}, range(half)), _mesh({"a": P - half}, range(half, P))
+    shape = (1024 * m1.size, 1024 + 3)
+    src, dst = "[{x}, {}]", "[{}, {a}]"
+    with mr.Transfer(shape, "float64", m1, src, dst, dst_mesh=m2) as t:
+        w = t.workspace_bytes
+        for _ in range(2):                              # a warm-up run, then the measured one
+            device = _device(m1)
+            local = None
+            if device is not None:
+                box = oracle.block_slices(shape, list(m1.axes), _lay(src)[0], device)
+                local = np.ones(tuple(s.stop - s.start for s in box))
+            COMM.Barrier()
+            with rss_peak() as e:
+                out = t.run(local)
+            s = 0 if local is None else local.nbytes
+            tt = 0 if out is None else out.nbytes
+            del out, local
+    used = e.bytes
+    all_ok(COMM, used is not None and used <= max(s, tt) + w + RSS_NOISE,
+           f"{which}: RSS growth {used} B > max(S={s}, T={tt}) + W={w} + 1 MiB")

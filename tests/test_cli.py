@@ -148,3 +148,29 @@ def test_cli_uses_only_the_bench_package_root():
     out = _run("model", "--case", "c04", "--strategy", "collectives")
     assert out.returncode == 0, out.stderr
     assert "c04_swap_unequal" in out.stdout
+
+
+def test_plan_between_meshes_without_mpi(capsys):
+    out = _run("plan", "--mesh", "x=4", "--ranks", "0-3", "--dst-mesh", "a=2",
+               "--dst-ranks", "6,7", "--shape", "10,10", "--src", "[{x},{}]", "--dst", "[{},{a}]")
+    assert out.returncode == 0, out.stderr
+    assert "x=4@0-3" in out.stdout and "a=2@6,7" in out.stdout and "8 ranks" in out.stdout
+    # every rank of the target gets 10 x 5 float32 = 200 B, all from other ranks
+    assert cli.main(["plan", "--mesh", "x=4", "--ranks", "0-3", "--dst-mesh", "a=2",
+                     "--dst-ranks", "6,7", "--shape", "10,10", "--src", "[{x},{}]",
+                     "--dst", "[{},{a}]", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["bytes_total"] == 400 and doc["bytes_received_max"] == 200
+    # nesting meshes over the same ranks: one refined mesh, the collective plan
+    assert cli.main(["plan", "--mesh", "x=8", "--dst-mesh", "a=2,b=4", "--shape", "16,16",
+                     "--src", "[{x},{}]", "--dst", "[{b},{a}]", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["mesh"] == "_r0=2,_r1=4" and doc["steps"]
+
+
+@pytest.mark.parametrize("flags", [["--ranks", "0,0,1,2"], ["--ranks", "0-2"]])
+def test_plan_bad_ranks_exit_2(capsys, flags):
+    rc = cli.main(["plan", "--mesh", "x=4", *flags, "--shape", "8", "--src", "[{x}]",
+                   "--dst", "[{}]", "--dst-mesh", "a=1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "ranks" in err

@@ -20,7 +20,7 @@ from ..core.subaxes import expand, rank_digits
 from ..planning import planner
 from ..runtime.agree import check_together
 from ..runtime.comm import base_comm, check_size, mesh_comm
-from ..runtime.cross import check_ranks, crossing
+from ..runtime.cross import crossing
 from ..runtime.donation import array_kind, local_references, references
 from ..runtime.transfer import Transfer, check_workspace, judge
 
@@ -56,7 +56,7 @@ def _check_mesh(mesh):
     if mesh.ranks is None:
         check_size(mesh, base_comm(mesh))
     else:
-        check_ranks(mesh, base_comm(mesh).Get_size(), "the")
+        mesh.check_ranks(base_comm(mesh).Get_size())
 
 
 def _check_local(block, shape, mesh, layout, rank):

@@ -133,6 +133,21 @@ class Mesh:
         """True if the mesh is every rank of a ``comm_size``-rank communicator, in order."""
         return self.size == comm_size and self.device_ranks() == tuple(range(comm_size))
 
+    def check_ranks(self, comm_size, which="the"):
+        """MeshError unless the devices are distinct ranks of a ``comm_size``-rank communicator."""
+        ranks = self.device_ranks()
+        if self._ranks is None and self.size != comm_size:
+            raise MeshError(f"{which} mesh {self} has {self.size} devices but the "
+                            f"communicator has {comm_size} ranks; give its ranks with "
+                            "Mesh(..., ranks=...)")
+        bad = [r for r in ranks if not 0 <= r < comm_size]
+        if bad:
+            raise MeshError(f"{which} mesh {self}: ranks {bad} are outside the "
+                            f"communicator of {comm_size} ranks")
+        if len(set(ranks)) != len(ranks):
+            twice = sorted({r for r in ranks if ranks.count(r) > 1})
+            raise MeshError(f"{which} mesh {self}: ranks {twice} appear more than once")
+
     def abstract(self):
         """Return the same mesh without a communicator."""
         return Mesh(self._axes, None, self._ranks)

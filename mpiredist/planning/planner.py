@@ -112,6 +112,8 @@ def _plan_between(global_shape, dtype, mesh, src, dst, strategy, dst_mesh):
     shape, dtype, mesh, src, _ = validate(global_shape, dtype, mesh, src, src)
     _, _, target, dst, _ = validate(shape, dtype, target, dst, dst)
     size = crossmesh.comm_size_of(mesh, target)
+    mesh.check_ranks(size, "source")
+    target.check_ranks(size, "target")
     found = crossmesh.route(mesh, src, target, dst, size)
     if found is not None:
         return plan(shape, dtype, *found, strategy)

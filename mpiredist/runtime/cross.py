@@ -26,7 +26,7 @@ from .comm import base_comm, mpi
 from .donation import check_block, check_out
 from .exchange import Exchange
 
-__all__ = ["crossing", "agree_cross", "CrossExchange", "check_ranks"]
+__all__ = ["crossing", "agree_cross", "CrossExchange"]
 
 
 def crossing(mesh, dst_mesh):
@@ -43,21 +43,6 @@ def crossing(mesh, dst_mesh):
         return dst_mesh != mesh or mesh.ranks is not None
     except (ValueError, TypeError):
         return True
-
-
-def check_ranks(mesh, comm_size, which):
-    """MeshError unless ``mesh``'s ranks are distinct ranks of the communicator."""
-    ranks = mesh.device_ranks()
-    if mesh.ranks is None and mesh.size != comm_size:
-        raise MeshError(f"{which} mesh {mesh} has {mesh.size} devices but the communicator "
-                        f"has {comm_size} ranks; give its ranks with Mesh(..., ranks=...)")
-    bad = [r for r in ranks if not 0 <= r < comm_size]
-    if bad:
-        raise MeshError(f"{which} mesh {mesh}: ranks {bad} are outside the communicator "
-                        f"of {comm_size} ranks")
-    if len(set(ranks)) != len(ranks):
-        twice = sorted({r for r in ranks if ranks.count(r) > 1})
-        raise MeshError(f"{which} mesh {mesh}: ranks {twice} appear more than once")
 
 
 def _same_comm(a, b):
@@ -95,8 +80,8 @@ def agree_cross(global_shape, dtype, mesh, src, dst, dst_mesh, workspace, strate
             raise MeshError(f"target mesh {target} is on another communicator than the "
                             f"source mesh {mesh}; both meshes must live on one communicator")
         size = base_comm(mesh).Get_size()
-        check_ranks(mesh, size, "source")
-        check_ranks(target, size, "target")
+        mesh.check_ranks(size, "source")
+        target.check_ranks(size, "target")
         shape, dt, _, s, _ = planner.validate(global_shape, dtype, mesh, src, src)
         _, _, _, d, _ = planner.validate(shape, dt, target, dst, dst)
         if strategy not in planner.STRATEGIES:

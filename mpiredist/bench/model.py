@@ -40,12 +40,6 @@ __all__ = ["Row", "grow_mesh", "grow_shape", "plan_only_table", "format_table", 
 
 STRATEGIES = planner.STRATEGIES + ("xla",)
 
-# Above this many ranks, ``collectives`` plans of uneven shapes are not built
-# (their rows say so).  A limit of the table only: the planner now plans c13
-# on 65,536 ranks in a few ms and under 1 MiB (python -m mpiredist.bench.planning).
-UNEVEN_COLLECTIVES_RANKS = 4096
-
-
 def _log2_ratio(ranks, size, what):
     big, small = max(ranks, size), min(ranks, size)
     ratio, rem = divmod(big, small)
@@ -117,9 +111,6 @@ def _make_plan(case, shared, strategy):
             return None, "XLA's plan exists only for the shared cases on their own mesh"
         from .xla import xla_plan
         return xla_plan(case.id, case.shape), None
-    if strategy == "collectives" and ranks > UNEVEN_COLLECTIVES_RANKS and _uneven(case):
-        return None, (f"not planned: uneven lengths on {ranks} ranks (the planner's "
-                      "uneven all-to-all byte count is O(G*P))")
     return planner.plan(case.shape, "float32", case.mesh, case.src, case.dst, strategy), None
 
 

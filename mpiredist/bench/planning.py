@@ -44,7 +44,8 @@ CASES = [
      "[{a,b},{c,d},{},{},{},{}]", "[{c,d},{a,b},{},{},{},{}]"),
 ]
 
-TARGET_MS = 5.0
+# Issue 12: median under 1 ms per plan at 4096 devices (6-D shapes, 4 mesh axes).
+TARGET_MS = 1.0
 
 # (name, mesh, shape, src, dst): the first call of each is measured in a fresh process.
 MEMORY_CASES = [

@@ -90,8 +90,9 @@ def _most_sent(shape, before, after, mesh_axes):
     at most ``SLAB`` entries (the caller keeps ranks x sources that small).
     """
     space = mesh_sub_axes(mesh_axes)            # combination number == rank
-    taken = before.used() | frozenset(before.partial)
-    shard = tuple(s for s in space if s in before.used())
+    used = before.used()
+    taken = used | frozenset(before.partial)
+    shard = tuple(s for s in space if s in used)
     free = tuple(s for s in space if s not in taken)
     u = np.arange(group_size(shard), dtype=np.int64)[None, :]
     most = 0

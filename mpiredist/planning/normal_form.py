@@ -124,7 +124,8 @@ def _ready(state, target):
 
 def _permute_target(state, target):
     """The layout ``target + extras`` with the shard counts of ``state``, or None."""
-    extras = [a for d in state.dims for a in d if a not in target.used()]
+    kept = target.used()
+    extras = [a for d in state.dims for a in d if a not in kept]
     need = []
     for have, want in zip(state.dims, target.dims):
         q, r = divmod(group_size(have), group_size(want))
@@ -178,7 +179,8 @@ def finish(shape, state, target):
 
 def _wanted_counts(state, target):
     """Shard count per dim that ``finish`` needs: target axes plus extras."""
-    extras = [a for d in state.dims for a in d if a not in target.used()]
+    kept = target.used()
+    extras = [a for d in state.dims for a in d if a not in kept]
     counts = [Counter(prime_factors(group_size(w))) for w in target.dims]
     spare = Counter(a.size for a in extras)
     return counts, spare

@@ -16,7 +16,8 @@ from ..core.mesh import Mesh
 
 __all__ = ["build_parser", "main", "QUICK_SCALE", "QUICK_REPEATS"]
 
-ALL_STRATEGIES = ("collectives", "inplace", "donated", "xla", "replicate", "direct", "raw")
+ALL_STRATEGIES = ("collectives", "inplace", "donated", "xla", "replicate", "direct", "raw",
+                  "raw_packed")
 # --quick: 17 cases x 7 strategies at 8 ranks on 2 cores in under 2 minutes
 # (measured 20 s); 7 repeats because at 0.5 MiB blocks two runs of one plan
 # differ by up to 30 % in medians of 3.

@@ -58,6 +58,7 @@ from ..core.subaxes import expand, prime_factors, rank_digits
 from .cases import Case, load_cases, scaled
 from .memory import rss_peak, traced_peak, tracing
 from .model import grow_mesh
+from .rawpacked import RawPacked
 
 __all__ = ["STRATEGIES", "INPLACE", "Entry", "map_mesh", "suite", "global_array",
            "source_block", "target_block", "Raw", "make_raw", "run_suite"]
@@ -65,7 +66,9 @@ __all__ = ["STRATEGIES", "INPLACE", "Entry", "map_mesh", "suite", "global_array"
 # Pages and interpreter noise allowed on top of the contract in the RSS figure.
 RSS_NOISE = 1 << 20
 
-STRATEGIES = ("collectives", "inplace", "donated", "xla", "replicate", "direct", "raw")
+STRATEGIES = ("collectives", "inplace", "donated", "xla", "replicate", "direct", "raw",
+              "raw_packed")
+REFERENCES = ("raw", "raw_packed")       # sized from the collectives plan, not planned
 # Run by mpiredist.runtime.executor_inplace on the collectives plan without exchange steps.
 INPLACE = ("inplace", "donated")
 
@@ -329,10 +332,10 @@ def _plans(entry, strategies, dtype):
     c = entry.case
     plans, skipped = {}, {}
     wanted = list(strategies)
-    if "raw" in wanted and "collectives" not in wanted:
+    if any(r in wanted for r in REFERENCES) and "collectives" not in wanted:
         wanted.append("collectives")
     for s in wanted:
-        if s == "raw":
+        if s in REFERENCES:
             continue
         try:
             if s == "xla":
@@ -349,11 +352,15 @@ def _plans(entry, strategies, dtype):
                 plans[s] = planner.plan(c.shape, dtype, c.mesh, c.src, c.dst, s)
         except MpiredistError as exc:
             skipped[s] = f"not planned: {exc}"
-    if "raw" in strategies:
-        if "collectives" in plans:
-            plans["raw"] = None
+    for r in REFERENCES:
+        if r not in strategies:
+            continue
+        if "collectives" not in plans:
+            skipped[r] = "no collectives plan to size it from"
+        elif r == "raw_packed" and plans["collectives"].src.partial:
+            skipped[r] = "a partial source: its reduction is not one Alltoallv"
         else:
-            skipped["raw"] = "no collectives plan to size it from"
+            plans[r] = None
     runnable = [s for s in strategies if s in plans]
     return plans, runnable, {s: skipped[s] for s in strategies if s in skipped}
 
@@ -374,7 +381,7 @@ def _limit(name, s, t, workspace):
     return (max(0, t - s) if name == "donated" else max(s, t)) + workspace
 
 
-def _runner(name, plan, src, mesh, raw):
+def _runner(name, plan, src, mesh, raw, packed=None):
     """``(prepare, transfer or raw, plan run, executor)`` for strategy ``name``.
 
     Every strategy but ``raw`` runs through a
@@ -389,6 +396,8 @@ def _runner(name, plan, src, mesh, raw):
 
     if name == "raw":
         return (lambda: None), raw, None, "raw MPI"
+    if name == "raw_packed":
+        return (lambda: src), packed, None, "raw MPI packed"
     donate = name == "donated"
     t = Transfer.agreed(mesh, plan, donate, None, one_buffer=name == "inplace")
     prepare = (lambda: src.copy(order="C")) if donate else (lambda: src)
@@ -419,8 +428,11 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
         with MeshComm(mesh) as mc:
             runs, executors = {}, {}
             raw = make_raw(plans["collectives"], mc) if "raw" in names else None
+            packed = (RawPacked(plans["collectives"], mc.comm) if "raw_packed" in names
+                      else None)
             for n in names:
-                prepare, call, ran, executors[n] = _runner(n, plans.get(n), src, mesh, raw)
+                prepare, call, ran, executors[n] = _runner(n, plans.get(n), src, mesh, raw,
+                                                           packed)
                 runs[n] = prepare, call
                 if ran is not None:
                     plans[n] = ran
@@ -431,11 +443,12 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
                 comm.Barrier()
                 out = call.run(a, records=records)   # a: the only name
                 correct[n] = raw.check() if n == "raw" else _same(out, expected)
-                sent[n] = raw.bytes_sent if n == "raw" else sum(r.bytes_sent for r in records)
+                sent[n] = (raw.bytes_sent if n == "raw" else packed.bytes_sent
+                           if n == "raw_packed" else sum(r.bytes_sent for r in records))
                 del out, a
                 _tick(progress, entry, n)
             for n in names:                         # measured memory, untimed
-                ref = plans[n] if n != "raw" else plans["collectives"]
+                ref = plans[n] if n not in REFERENCES else plans["collectives"]
                 limit[n] = _limit(n, src.nbytes, expected.nbytes, default_workspace(ref))
                 peak[n] = _measured(runs[n], comm, traced_peak)
                 over[n] = int(peak[n] > limit[n])
@@ -463,7 +476,7 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
                     _tick(progress, entry, names[i])
             comm.Barrier()
             for n in names:
-                if n != "raw":
+                if n not in REFERENCES:
                     runs[n][1].free()
     worst = np.empty_like(times)
     comm.Allreduce(times, worst, op=MPI.MAX)
@@ -471,7 +484,8 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
                      for n in names], dtype=np.int64)
     top = np.empty_like(ints)
     comm.Allreduce(ints.reshape(-1), top.reshape(-1), op=MPI.MAX)
-    return [dict(_record(entry, n, plans, raw, worst[i], top[i], comm.Get_size(), dtype),
+    return [dict(_record(entry, n, plans, raw, worst[i], top[i], comm.Get_size(), dtype,
+                         packed),
                  executor=executors[n]) for i, n in enumerate(names)], skipped
 
 
@@ -504,11 +518,11 @@ def _tick(progress, entry, name):
         progress.step(f"{entry.label} {name}")
 
 
-def _record(entry, name, plans, raw, times, reduced, ranks, dtype):
+def _record(entry, name, plans, raw, times, reduced, ranks, dtype, packed=None):
     from ..planning.budget import default_workspace
 
     c = entry.case
-    ref = plans[name] if name != "raw" else plans.get("collectives")
+    ref = plans[name] if name not in REFERENCES else plans.get("collectives")
     sent, peak, bad, limit, over, rss = (int(v) for v in reduced)
     big = max(ref.src_local_bytes, ref.dst_local_bytes) if ref is not None else 0
     median = float(np.median(times)) if len(times) else float("nan")
@@ -520,11 +534,11 @@ def _record(entry, name, plans, raw, times, reduced, ranks, dtype):
         "median_s": median, "min_s": float(np.min(times)) if len(times) else median,
         "max_s": float(np.max(times)) if len(times) else median,
         "bytes_sent_per_rank": sent,
-        "plan_bytes_sent_per_rank": (raw.bytes_sent if name == "raw" else
-                                     ref.bytes_sent_per_rank),
+        "plan_bytes_sent_per_rank": (raw.bytes_sent if name == "raw" else sent
+                                     if name == "raw_packed" else ref.bytes_sent_per_rank),
         "lower_bound_bytes_per_rank": ref.lower_bound_bytes_per_rank,
         "src_local_bytes": ref.src_local_bytes, "dst_local_bytes": ref.dst_local_bytes,
-        "plan_peak_local_bytes": None if name == "raw" else ref.peak_local_bytes,
+        "plan_peak_local_bytes": None if name in REFERENCES else ref.peak_local_bytes,
         "peak_bytes": peak, "peak_over_max": peak / big if big else 0.0,
         "rss_bytes": rss if rss >= 0 else None,
         "rss_over_max": (rss / big if big else 0.0) if rss >= 0 else None,
@@ -534,8 +548,9 @@ def _record(entry, name, plans, raw, times, reduced, ranks, dtype):
         "limit_over_max": limit / big if big else 0.0, "within_limit": not over,
         "correct": not bad,
         "gbps": sent / median / 1e9 if median > 0 else 0.0,
-        "ops": ([raw.op] if name == "raw" else [s.op for s in ref.steps]),
-        "note": ref.note if name != "raw" else "",
+        "ops": ([raw.op] if name == "raw" else ["Alltoallv"] if name == "raw_packed"
+                else [s.op for s in ref.steps]),
+        "note": ref.note if name not in REFERENCES else "",
     }
 
 

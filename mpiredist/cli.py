@@ -157,6 +157,24 @@ class ModelCommand:
         return 0
 
 
+@command("calibrate", help="measure this machine's profile for the planner (run under MPI)")
+class CalibrateCommand:
+    """Measure latency, bandwidth per collective and group size, packing and
+    datatype rates; write the JSON profile the planner ranks plans by.  Run it
+    under mpiexec, e.g. 'mpiexec -n 8 python -m mpiredist calibrate'."""
+
+    @staticmethod
+    def add_arguments(parser):
+        from . import bench
+        from .planning.profile import default_path
+        bench.calibrate_arguments(parser, default_path())
+
+    @staticmethod
+    def run(args):
+        from . import bench
+        return bench.calibrate_run(args)
+
+
 def build_parser():
     """The top-level parser with one subparser per registered command."""
     parser = argparse.ArgumentParser(

@@ -121,14 +121,14 @@ def test_table_is_fixed_width(records, display):
     lines = text.splitlines()
     assert lines[0].split()[:3] == ["case", "mesh", "strategy"]
     assert set(lines[1]) == {"-", " "}
-    assert len(lines[1].split()) == 19                          # a rule under each column
+    assert len(lines[1].split()) == 20                          # a rule under each column
     assert len(lines) == 2 + len(records)
     ends = {len(l) for l in lines[2:]}
     assert len(ends) == 1                                       # right-aligned columns
     assert " NO " in lines[2] and "c01" in lines[2] and "collectives" in lines[2]
     assert "x=8" in lines[3]
     head = lines[0].split()
-    assert {"E/max", "RSS/max", "lim/max", "E<=lim", "coll"} <= set(head)
+    assert {"E/max", "RSS/max", "lim/max", "E<=lim", "coll", "pred"} <= set(head)
     col = lines[0].index("E<=lim") + len("E<=lim")
     flags = {r["strategy"] + r["case"]: line[col - 3:col]
              for r, line in zip(records, lines[2:])}

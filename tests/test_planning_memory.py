@@ -50,7 +50,9 @@ def test_first_plan_on_65536_devices_allocates_under_1_mib(strategy):
 def test_uneven_plan_on_65536_devices_allocates_under_1_mib():
     got = _first_call((524672, 261952), {"x": 65536}, "[{x},{}]", "[{},{x}]")
     assert got["peak"] < LIMIT, f"{got['peak']} bytes at the peak"
-    assert got["ops"] == ["all_to_all"] and got["sent"] >= got["bound"]
+    # the profile's model prefers the exchange here: 11 % fewer bytes than the
+    # padded all-to-all and 3644 messages, not 65535 (either is one step)
+    assert got["ops"] in (["all_to_all"], ["exchange"]) and got["sent"] >= got["bound"]
 
 
 def _lru_caches():

@@ -8,7 +8,8 @@ uses them); each is imported from its submodule when first used, so
 
 import importlib
 
-__all__ = ["Case", "get_case", "load_cases", "STRATEGIES", "plan_only_table", "format_table"]
+__all__ = ["Case", "get_case", "load_cases", "STRATEGIES", "plan_only_table", "format_table",
+           "calibrate_run", "calibrate_arguments"]
 
 # public name -> submodule that defines it
 _LAZY = {
@@ -18,6 +19,8 @@ _LAZY = {
     "STRATEGIES": ".model",
     "plan_only_table": ".model",
     "format_table": ".model",
+    "calibrate_run": ".calibrate",
+    "calibrate_arguments": ".calibrate",
 }
 
 

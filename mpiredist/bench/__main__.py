@@ -216,8 +216,12 @@ def _plan_only(args, opts):
 
     if args.ranks is not None and args.ranks < 1:
         raise ShapeError(f"--ranks {args.ranks} must be a positive integer")
-    net = Network(**{k: v for k, v in (("alpha", args.alpha), ("beta", args.beta))
-                     if v is not None})
+    if args.alpha is None and args.beta is None:
+        from ..planning.profile import current
+        net = current()                  # MPIREDIST_PROFILE, the calibrate file, or built-in
+    else:
+        net = Network(**{k: v for k, v in (("alpha", args.alpha), ("beta", args.beta))
+                         if v is not None})
     cases = _select(opts.case_ids, load_cases())
     if cases is None:
         cases = load_cases()
@@ -226,15 +230,17 @@ def _plan_only(args, opts):
     strategies = [s for s in opts.strategies if s in STRATEGIES]
     rows = plan_only_table(args.ranks, strategies, cases, opts.scale, net)
     where = f"{args.ranks} devices" if args.ranks else "each case's own mesh"
-    print(f"plan only, {where}, scale {opts.scale}: alpha {net.alpha:g} s/message, "
-          f"beta {net.beta:g} B/s per rank (bench/model.py); no MPI"
+    beta = getattr(net, "beta", None) if isinstance(net, Network) else None
+    figures = (f"alpha {net.alpha:g} s/message, beta {beta:g} B/s per rank (bench/model.py)"
+               if beta is not None else f"profile: {net.source}, alpha {net.alpha:g} s/message")
+    print(f"plan only, {where}, scale {opts.scale}: {figures}; no MPI"
           + "".join(f"; {s} has no model" for s in opts.strategies if s not in STRATEGIES))
     print(format_table(rows))
     if args.json:
         import json
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"ranks": args.ranks, "scale": opts.scale, "alpha": net.alpha,
-                       "beta": net.beta, "rows": [r.to_dict() for r in rows]}, f, indent=1)
+                       "beta": beta, "rows": [r.to_dict() for r in rows]}, f, indent=1)
     return 0
 
 

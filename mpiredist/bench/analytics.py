@@ -112,17 +112,8 @@ def cases(a, b):
 
 def _timed(comm, fn, repeats):
     """Median over ``repeats`` of the largest time over ranks."""
-    from mpi4py import MPI
-
-    times = np.empty(repeats)
-    for r in range(repeats):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        times[r] = time.perf_counter() - t0
-    worst = np.empty(repeats)
-    comm.Allreduce(times, worst, op=MPI.MAX)
-    return float(np.median(worst))
+    from .timing import slowest_median
+    return slowest_median(comm, fn, repeats)
 
 
 def _peak(fn):

@@ -286,7 +286,7 @@ def _yes(flag):
 _EXEC = {"out of place": "out", "in place": "in", "raw MPI": "raw", "raw MPI packed": "raw+pack"}
 
 
-_HEAD = ("case", "mesh", "strategy", "exec", "median ms", "min ms", "max ms", "GB/s",
+_HEAD = ("case", "mesh", "strategy", "exec", "median ms", "pred ms", "min ms", "max ms", "GB/s",
          "sent MiB", "plan MiB", "bound MiB", "E/max", "RSS/max", "lim/max", "E<=lim", "ok",
          "x raw", "x xla", "x coll")
 _LEFT = 4                                   # case, mesh, strategy, exec: left-aligned
@@ -303,7 +303,9 @@ def _row(r):
     mesh = r["mesh"] + ("*" if r.get("mapped") else "")
     return (r.get("label", r["case"]), mesh, r["strategy"],
             _EXEC.get(r.get("executor"), "-"),
-            _num(r["median_s"] * 1e3, ".3f"), _num(r["min_s"] * 1e3, ".3f"),
+            _num(r["median_s"] * 1e3, ".3f"),
+            _num(None if r.get("predicted_s") is None else r["predicted_s"] * 1e3, ".3f"),
+            _num(r["min_s"] * 1e3, ".3f"),
             _num(r["max_s"] * 1e3, ".3f"), _num(r["gbps"], ".2f"),
             _num(r["bytes_sent_per_rank"] / 2**20, ".2f"),
             _num(r["plan_bytes_sent_per_rank"] / 2**20, ".2f"),

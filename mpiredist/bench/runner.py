@@ -57,6 +57,8 @@ from ..core.mesh import Mesh
 from ..core.subaxes import expand, prime_factors, rank_digits
 from .cases import Case, load_cases, scaled
 from .memory import rss_peak, traced_peak, tracing
+from ..planning.model import predict
+from ..planning.profile import current
 from .model import grow_mesh
 from .rawpacked import RawPacked
 
@@ -531,7 +533,9 @@ def _record(entry, name, plans, raw, times, reduced, ranks, dtype, packed=None):
         "mesh": str(Mesh(c.mesh)), "mapped": not entry.native, "shape": list(c.shape),
         "dtype": str(np.dtype(dtype)), "src": str(c.src), "dst": str(c.dst),
         "repeats": len(times), "times_s": [float(t) for t in times],
-        "median_s": median, "min_s": float(np.min(times)) if len(times) else median,
+        "median_s": median,
+        "predicted_s": None if name in REFERENCES else predict(ref, current()).seconds,
+        "min_s": float(np.min(times)) if len(times) else median,
         "max_s": float(np.max(times)) if len(times) else median,
         "bytes_sent_per_rank": sent,
         "plan_bytes_sent_per_rank": (raw.bytes_sent if name == "raw" else sent

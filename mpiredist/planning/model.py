@@ -155,12 +155,21 @@ def step_rounds(plan, step):
 
 
 def predict(plan, network=None):
-    """Modelled seconds of ``plan`` on ``network`` (default :class:`Network`)."""
+    """Modelled seconds of ``plan`` on ``network`` (default :class:`Network`).
+
+    ``network`` may also be a :class:`~mpiredist.planning.profile.Profile`
+    (a calibrated machine): its per-op bandwidths and packing rate then price
+    each step (:meth:`~mpiredist.planning.profile.Profile.step_seconds`).
+    """
     network = network or Network()
     out, total, rounds = [], 0.0, 0
     for step in plan.steps:
         n = step_rounds(plan, step)
-        if step.op == "slice":
+        if hasattr(network, "step_seconds"):
+            local = math.prod(step.local_shape_after) * plan.itemsize
+            t = network.step_seconds(step.op, step.bytes_sent_per_rank, n,
+                                     step.group_size, local)
+        elif step.op == "slice":
             t = math.prod(step.local_shape_after) * plan.itemsize / network.memory_bandwidth
         else:
             t = n * network.alpha + step.bytes_sent_per_rank / network.beta

@@ -4,12 +4,13 @@ Strategies:
 
 ``collectives``
     The paper's normal form (:mod:`mpiredist.planning.normal_form`); among its
-    candidates the one that sends the fewest bytes, then the fewest rounds.
-    An ``exchange`` replaces the size-preserving phase only where the
-    collective form cannot express a case (uneven lengths whose shards do not
-    nest) or where it sends at most half the bytes
-    (``EXCHANGE_MIN_SAVING``); the plan's ``note`` says so.
-    Every plan of this strategy satisfies the memory bound.
+    candidates within the memory bound, the one with the least predicted
+    time under the machine profile (:mod:`mpiredist.planning.profile`:
+    ``python -m mpiredist calibrate``, or the built-in default), then the
+    fewest bytes and rounds.  An ``exchange`` replaces the size-preserving
+    phase where the collective form cannot express a case (uneven lengths
+    whose shards do not nest) or where it is predicted faster; the plan's
+    ``note`` says so.  Every plan of this strategy satisfies the memory bound.
 ``replicate``
     All-gather every sharded dim, then slice: XLA's fallback.
 ``direct``
@@ -23,6 +24,7 @@ from functools import lru_cache
 import numpy as np
 
 from . import crossmesh
+from . import profile as profiles
 from . import normal_form as nf
 from ..core.blocks import divides_evenly, local_shape
 from .costs import (collective_bytes, exchange_bytes, exchange_messages, group_sends,
@@ -31,24 +33,14 @@ from ..core.errors import PlanError, ShapeError
 from ..core.layout import Layout
 from ..core.mesh import Mesh
 from .plans import Plan, Step
-from ..core.subaxes import expand
+from ..core.subaxes import expand, group_size
 
 __all__ = ["plan", "STRATEGIES"]
 
 STRATEGIES = ("collectives", "replicate", "direct")
 
-# An exchange moves arbitrary boxes; the executor packs them like any
-# all-to-all (mpiredist.runtime.packing), so fewer bytes mean less time.  Measured on
-# the shared cases at 8 ranks, 8 MiB blocks (bench --scale 1 --repeats 5,
-# medians): the exchange sending 8 MiB took 0.69-0.96x the time of the
-# collective plan sending 10-14 MiB (c10: 20 % fewer bytes, 0.69x; c04, c09:
-# 33 %, 0.90x, 0.84x; c17: 43 %, 0.64x).  A small margin stays for its less
-# regular pieces: the collective form is kept unless the exchange saves 15 %.
-EXCHANGE_MIN_SAVING = 0.15
-
-
 def plan(global_shape, dtype, mesh, src, dst, strategy="collectives", allow_exchange=True,
-         dst_mesh=None):
+         dst_mesh=None, profile=None):
     """Plan the redistribution of an array from layout ``src`` to ``dst``.
 
     Parameters
@@ -71,6 +63,11 @@ def plan(global_shape, dtype, mesh, src, dst, strategy="collectives", allow_exch
         :class:`~mpiredist.planning.crossmesh.CrossPlan` of the exchange,
         for a communicator just large enough for both meshes.
 
+    profile : Profile, optional
+        The machine figures that rank the candidates (default
+        :func:`mpiredist.planning.profile.current`: ``MPIREDIST_PROFILE``,
+        the calibrate file, or the built-in default).
+
     Returns
     -------
     Plan or CrossPlan
@@ -91,7 +88,8 @@ def plan(global_shape, dtype, mesh, src, dst, strategy="collectives", allow_exch
     shape, dtype, mesh, src, dst = validate(global_shape, dtype, mesh, src, dst)
     if strategy not in STRATEGIES:
         raise PlanError(f"strategy {strategy!r} is not one of {STRATEGIES}")
-    return _plan(shape, dtype, mesh, src, dst, strategy, bool(allow_exchange))
+    profile = profiles.current() if profile is None else profile
+    return _plan(shape, dtype, mesh, src, dst, strategy, bool(allow_exchange), profile)
 
 
 def _between(mesh, dst_mesh):
@@ -164,10 +162,11 @@ def _check_reducible(dtype, src):
 
 
 @lru_cache(maxsize=512)
-def _plan(shape, dtype, mesh, src, dst, strategy, allow_exchange=True):
+def _plan(shape, dtype, mesh, src, dst, strategy, allow_exchange=True, profile=None):
     S, T = expand(src, mesh), expand(dst, mesh)
     if strategy == "collectives":
-        moves, note = _collectives(shape, S, T, mesh.axes, allow_exchange)
+        cost = _Cost(dtype.itemsize, profile or profiles.DEFAULT)
+        moves, note = _collectives(shape, S, T, mesh.axes, allow_exchange, cost)
     else:
         build = {"replicate": _replicate, "direct": _direct}
         moves, note = build[strategy](shape, S, T, mesh.axes)
@@ -209,7 +208,7 @@ def _replicate(shape, S, T, mesh_axes):
     return moves, ""
 
 
-def _collectives(shape, S, T, mesh_axes, allow_exchange=True):
+def _collectives(shape, S, T, mesh_axes, allow_exchange, cost):
     """Candidates of the normal form; the cheapest valid one and its note.
 
     Partial sums are reduced either where the target shards (reduce-scatter,
@@ -227,8 +226,8 @@ def _collectives(shape, S, T, mesh_axes, allow_exchange=True):
     candidates.append(head + _gather_within_bound(shape, reduced, S, T))
     fallback = _replicate(shape, S, T, mesh_axes)[0]
     candidates.append(fallback)         # kept only where it stays within the bound
-    ceiling = _score(shape, S, fallback, mesh_axes)[1]
-    return _choose(shape, S, candidates, mesh_axes, allow_exchange, ceiling)
+    ceiling = _score(shape, S, fallback, mesh_axes, cost)[1]
+    return _choose(shape, S, candidates, mesh_axes, allow_exchange, cost, ceiling)
 
 
 def _normal_forms(shape, S, T, first):
@@ -275,56 +274,85 @@ def _gather_within_bound(shape, state, S, T):
     return moves + _exchange(state, T)
 
 
-def _choose(shape, S, candidates, mesh_axes, allow_exchange=True, ceiling=None):
-    """The valid candidate with the fewest bytes, then rounds (see EXCHANGE_MIN_SAVING).
+def _choose(shape, S, candidates, mesh_axes, allow_exchange, cost, ceiling):
+    """The valid candidate with the least predicted time, then bytes, then rounds.
 
-    An exchange is also taken when the best collective-only plan would send
-    more than gathering everything (``ceiling``) and the exchange does not.
+    Valid: its peak block stays within ``max(S, T)``, and it sends no more
+    than gathering everything (``ceiling``) where some candidate does not.
+    Exchange steps only where ``allow_exchange``, or where no
+    collective-only candidate exists.
     """
     scored = []
     for moves in candidates:
-        peak, sent, rounds = _score(shape, S, moves, mesh_axes)
+        peak, sent, rounds, seconds = _score(shape, S, moves, mesh_axes, cost)
         if peak <= max(_elems(shape, S), _elems(shape, moves[-1][3] if moves else S)):
             uses_exchange = any(m[0] == "exchange" for m in moves)
-            scored.append((uses_exchange, sent, rounds, moves))
-    plain = min((c for c in scored if not c[0]), key=lambda c: c[1:3], default=None)
-    mixed = min((c for c in scored if c[0]), key=lambda c: c[1:3], default=None)
+            scored.append((uses_exchange, seconds, sent, rounds, moves))
+    any_plain = any(not c[0] for c in scored)
+    cheap = [c for c in scored if c[2] <= ceiling and (allow_exchange or not c[0])]
+    if cheap:
+        scored = [c for c in scored if c[2] <= ceiling]
+    plain = min((c for c in scored if not c[0]), key=lambda c: c[1:4], default=None)
+    mixed = min((c for c in scored if c[0]), key=lambda c: c[1:4], default=None)
+    if plain is None and any_plain:
+        return mixed[4], (f"one exchange step: sends {mixed[2]} elements per rank; every "
+                          "collective-only plan sends more than gathering everything")
     if plain is None:
-        return mixed[3], ("one exchange step: no normal-form sequence of collectives "
+        return mixed[4], ("one exchange step: no normal-form sequence of collectives "
                           "reaches the target here (uneven shards that do not nest, or "
                           "shard counts that no all-to-all or permute can match)")
-    worse = ceiling is not None and plain[1] > ceiling >= (mixed[1] if mixed else ceiling + 1)
-    if allow_exchange and mixed is not None and (
-            mixed[1] < (1 - EXCHANGE_MIN_SAVING) * plain[1] or worse):
-        return mixed[3], (f"one exchange step: sends {mixed[1]} elements per rank "
-                          f"against {plain[1]} for the collective-only plan")
-    return plain[3], ""
+    if allow_exchange and mixed is not None and mixed[1:4] < plain[1:4]:
+        return mixed[4], (f"one exchange step: predicted {mixed[1] * 1e3:.3g} ms against "
+                          f"{plain[1] * 1e3:.3g} ms for the collective-only plan "
+                          f"({cost.profile.source}); sends {mixed[2]} elements per rank "
+                          f"against {plain[2]}")
+    return plain[4], ""
+
+
+class _Cost:
+    """Predicted seconds of moves for one itemsize under one profile."""
+
+    def __init__(self, itemsize, profile):
+        self.itemsize, self.profile = itemsize, profile
+
+    def seconds(self, op, elems, rounds, group, after_elems):
+        return self.profile.step_seconds(op, elems * self.itemsize, rounds, group,
+                                         after_elems * self.itemsize)
 
 
 def _elems(shape, layout):
     return math.prod(local_shape(shape, layout))
 
 
-def _score(shape, S, moves, mesh_axes):
-    """``(peak elements, elements sent, rounds)`` of a move list, itemsize 1.
+def _score(shape, S, moves, mesh_axes, cost):
+    """``(peak elements, elements sent, rounds, predicted seconds)`` of a move list.
 
-    A collective is one round; an exchange as many as the messages a rank
-    receives in it (so among exchanges of equal bytes the one with fewer
-    peers wins, e.g. c17 at 4096 ranks: 1 message per rank, not 64 after a
-    slice).
+    Rounds follow :mod:`mpiredist.planning.model`: a ring collective over G
+    ranks G - 1 (an all-reduce twice that), a permute 1, an exchange as many
+    as the messages a rank receives (so among exchanges of equal bytes the
+    one with fewer peers wins, e.g. c17 at 4096 ranks: 1 message per rank,
+    not 64 after a slice).
     """
     peak = _elems(shape, S)
     sent = rounds = 0
+    seconds = 0.0
+    devices = math.prod(s for _, s in mesh_axes)
     state = S
     for op, axes, dims, after in moves:
         peak = max(peak, _elems(shape, after))
-        sent += _move_bytes(shape, 1, state, (op, axes, dims, after), mesh_axes)
+        elems = _move_elems(shape, state, (op, axes, dims, after), mesh_axes)
+        g = group_size(axes) if axes else devices
         if op == "exchange":
-            rounds += exchange_messages(shape, state, after)
+            n = exchange_messages(shape, state, after)
+        elif op in ("slice", "permute"):
+            n = int(op == "permute" and elems > 0)
         else:
-            rounds += op != "slice"
+            n = (g - 1) * (2 if op == "all_reduce" else 1)
+        seconds += cost.seconds(op, elems, n, g, _elems(shape, after))
+        sent += elems
+        rounds += n
         state = after
-    return peak, sent, rounds
+    return peak, sent, rounds, seconds
 
 
 def _move_bytes(shape, itemsize, before, move, mesh_axes):

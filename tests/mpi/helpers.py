@@ -6,6 +6,11 @@ themselves collective: call them on every rank of ``comm``, in the same
 order, and either all ranks pass or all ranks fail with the same message.
 """
 
+import contextlib
+import json
+import os
+import tempfile
+
 import numpy
 import pytest
 
@@ -57,30 +62,33 @@ def need_ranks(comm, n):
         pytest.skip(f"needs at least {n} MPI ranks, running with {comm.size}")
 
 
+@contextlib.contextmanager
+def shared_path(comm, suffix=".json"):
+    """A temporary file name, the same on every rank, removed on exit (collective)."""
+    path = None
+    if comm.rank == 0:
+        fd, path = tempfile.mkstemp(suffix=suffix, prefix="mpiredist-test-")
+        os.close(fd)
+    path = comm.bcast(path)
+    try:
+        yield path
+    finally:
+        comm.Barrier()
+        if comm.rank == 0:
+            os.unlink(path)
+
+
 def run_json(comm, main, argv):
     """Run ``main(argv + ["--json", F], comm=comm)`` on every rank (collective).
 
     Returns ``(rc, document)``: the JSON file rank 0 wrote, the same on every
     rank; the file is removed.
     """
-    import json
-    import os
-    import tempfile
-
-    path = None
-    if comm.rank == 0:
-        fd, path = tempfile.mkstemp(suffix=".json", prefix="mpiredist-test-")
-        os.close(fd)
-    path = comm.bcast(path)
-    try:
+    with shared_path(comm) as path:
         rc = main(list(argv) + ["--json", path], comm=comm)
         doc = None
         if comm.rank == 0:
             with open(path, encoding="utf-8") as f:
                 doc = json.load(f)
         doc = comm.bcast(doc)                 # rank 0 wrote it; others may not see it
-    finally:
-        comm.Barrier()
-        if comm.rank == 0:
-            os.unlink(path)
     return rc, doc

@@ -1,0 +1,216 @@
+"""Measure this machine's figures for the planner's profile (collective; run under MPI).
+
+    mpiexec -n 8 python -m mpiredist calibrate [--json FILE] [--bytes N] [--quick]
+
+Writes the JSON profile of :mod:`mpiredist.planning.profile` (default
+``$XDG_CONFIG_HOME/mpiredist/profile.json``; ``MPIREDIST_PROFILE`` makes the
+planner read another file).  Every figure is the median over ``--repeats``
+of the slowest rank's time, so all ranks compute the same profile:
+
+``alpha``
+    seconds per message: a ring ``Sendrecv`` of 8 bytes, 20 in a row.
+``beta[op][G]``
+    bytes per second per rank of each collective kind on groups of G
+    consecutive ranks (every divisor G >= 2 of the rank count that is a
+    power of two, and the whole), each rank sending ``--bytes`` by the
+    plans' byte conventions (docs/semantics.md): ``Alltoall``
+    (all_to_all), ``Alltoallv`` without the own part (exchange),
+    ``Allgather``, ``Reduce_scatter_block``, ``Allreduce`` and a ring
+    ``Sendrecv`` (permute); the latency of the model's rounds is taken off.
+``pack_rate``
+    bytes per second of copying half the columns of a block into a
+    contiguous buffer (what packing a strided piece costs).
+``datatype_rate``
+    bytes per second of the same piece sent as an MPI subarray datatype
+    (to the next rank), against the contiguous send.
+``memory_bandwidth``
+    bytes per second of a contiguous copy.
+"""
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .timing import slowest_median
+
+__all__ = ["main", "measure", "calibrate_run", "calibrate_arguments"]
+
+ROUNDS = {"all_to_all": lambda g: g - 1, "exchange": lambda g: g - 1,
+          "all_gather": lambda g: g - 1, "reduce_scatter": lambda g: g - 1,
+          "all_reduce": lambda g: 2 * (g - 1), "permute": lambda g: 1}
+
+
+def _timed(comm, fn, repeats):
+    """Median over ``repeats`` of the slowest rank's seconds, after a warm-up."""
+    return slowest_median(comm, fn, repeats, warmup=True)
+
+
+def _latency(comm, repeats):
+    g, me = comm.Get_size(), comm.Get_rank()
+    if g == 1:
+        return 0.0
+    send, recv = np.zeros(8, np.uint8), np.empty(8, np.uint8)
+
+    def ring():
+        for _ in range(20):
+            comm.Sendrecv(send, (me + 1) % g, recvbuf=recv, source=(me - 1) % g)
+    return _timed(comm, ring, repeats) / 20
+
+
+def _collective(op, comm, nbytes):
+    """A callable running ``op`` so that each rank sends about ``nbytes``."""
+    from mpi4py import MPI
+
+    g, me = comm.Get_size(), comm.Get_rank()
+    c = max(1, nbytes // (g - 1))
+    if op in ("all_to_all", "exchange"):
+        send, recv = np.ones(g * c, np.uint8), np.empty(g * c, np.uint8)
+        if op == "all_to_all":
+            return lambda: comm.Alltoall(send, recv)
+        counts = np.full(g, c, np.int64)
+        counts[me] = 0
+        displs = np.arange(g, dtype=np.int64) * c
+        return lambda: comm.Alltoallv([send, (counts, displs), MPI.BYTE],
+                                      [recv, (counts, displs), MPI.BYTE])
+    if op == "all_gather":
+        send, recv = np.ones(c, np.uint8), np.empty(g * c, np.uint8)
+        return lambda: comm.Allgather(send, recv)
+    if op == "reduce_scatter":
+        m = max(1, c // 4)
+        send, recv = np.ones(g * m, np.float32), np.empty(m, np.float32)
+        return lambda: comm.Reduce_scatter_block(send, recv, op=MPI.SUM)
+    if op == "all_reduce":
+        n = max(1, nbytes * g // (8 * (g - 1)))
+        send, recv = np.ones(n, np.float32), np.empty(n, np.float32)
+        return lambda: comm.Allreduce(send, recv, op=MPI.SUM)
+    send, recv = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+    return lambda: comm.Sendrecv(send, (me + 1) % g, recvbuf=recv, source=(me - 1) % g)
+
+
+def _groups(size):
+    """Group sizes measured: powers of two dividing ``size``, and ``size``."""
+    out, g = set(), 2
+    while g <= size:
+        if size % g == 0:
+            out.add(g)
+        g *= 2
+    if size >= 2:
+        out.add(size)
+    return sorted(out)
+
+
+def _rate(nbytes, seconds, latency=0.0):
+    return nbytes / max(seconds - latency, seconds * 0.1, 1e-9)
+
+
+def _local_rates(comm, nbytes, repeats):
+    """``(pack_rate, datatype_rate, memory_bandwidth)``."""
+    from mpi4py import MPI
+
+    cols = 1024
+    rows = max(2, nbytes // (4 * cols))
+    block = np.ones((rows, cols), np.float32)
+    half = block[:, : cols // 2]
+    packed = np.empty(half.shape, np.float32)
+    pack = _rate(half.nbytes, _timed(comm, lambda: np.copyto(packed, half), repeats))
+    flat = block.reshape(-1)
+    copy = np.empty_like(flat)
+    memory = _rate(flat.nbytes, _timed(comm, lambda: np.copyto(copy, flat), repeats))
+    g, me = comm.Get_size(), comm.Get_rank()
+    if g == 1:
+        return pack, pack, memory
+    sub = MPI.FLOAT.Create_subarray([rows, cols], [rows, cols // 2], [0, 0]).Commit()
+    try:
+        def typed():
+            comm.Sendrecv([block, 1, sub], (me + 1) % g, recvbuf=[packed, MPI.FLOAT],
+                          source=(me - 1) % g)
+
+        def plain():
+            comm.Sendrecv([packed, MPI.FLOAT], (me + 1) % g, recvbuf=[copy[:packed.size],
+                          MPI.FLOAT], source=(me - 1) % g)
+        t_typed, t_plain = _timed(comm, typed, repeats), _timed(comm, plain, repeats)
+    finally:
+        sub.Free()
+    extra = max(t_typed - t_plain, t_typed * 0.05)      # what the datatype adds
+    return pack, _rate(half.nbytes, extra), memory
+
+
+def measure(comm, nbytes=4 << 20, repeats=5):
+    """The profile dictionary (collective; identical on every rank)."""
+    from mpi4py import MPI
+
+    from ..planning.profile import OPS, VERSION
+
+    size, rank = comm.Get_size(), comm.Get_rank()
+    alpha = _latency(comm, repeats)
+    beta = {op: {} for op in OPS}
+    for g in _groups(size):
+        sub = comm.Split(rank // g, rank)
+        try:
+            for op in OPS:
+                t = _timed(comm, _collective(op, sub, nbytes), repeats)
+                beta[op][str(g)] = _rate(nbytes, t, ROUNDS[op](g) * alpha)
+        finally:
+            sub.Free()
+    pack, datatype, memory = _local_rates(comm, nbytes, repeats)
+    return {"version": VERSION, "alpha": alpha, "beta": beta, "pack_rate": pack,
+            "datatype_rate": datatype, "memory_bandwidth": memory, "ranks": size,
+            "bytes": nbytes, "repeats": repeats, "host": platform.node(),
+            "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def _parser():
+    from ..planning.profile import default_path
+
+    p = argparse.ArgumentParser(prog="python -m mpiredist calibrate",
+                                description=__doc__.split("\n\n")[0])
+    calibrate_arguments(p, default_path())
+    return p
+
+
+def calibrate_arguments(p, default):
+    p.add_argument("--json", metavar="FILE", default=None,
+                   help=f"where to write the profile (default {default})")
+    p.add_argument("--bytes", type=int, default=4 << 20,
+                   help="bytes each rank sends per measured collective (default 4 MiB)")
+    p.add_argument("--repeats", type=int, default=5, help="medians over this many (default 5)")
+    p.add_argument("--quick", action="store_true",
+                   help="64 KiB and 3 repeats: a check that the command works")
+
+
+def calibrate_run(args, comm=None):
+    """Measure and write the profile; print its figures on rank 0.  Exit status."""
+    from ..planning.profile import Profile, default_path
+    from ..runtime.comm import mpi
+
+    comm = comm if comm is not None else mpi().COMM_WORLD
+    nbytes, repeats = (64 << 10, 3) if args.quick else (args.bytes, args.repeats)
+    doc = measure(comm, nbytes, repeats)
+    Profile.from_dict(doc, "the measured one")          # checks it is complete
+    path = Path(args.json) if args.json else default_path()
+    if comm.Get_rank() == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        print(f"profile of {doc['ranks']} ranks ({doc['mpi']}) written to {path}")
+        print(f"  alpha {doc['alpha'] * 1e6:.2f} us; pack {doc['pack_rate'] / 1e9:.2f} GB/s, "
+              f"datatype {doc['datatype_rate'] / 1e9:.2f} GB/s, "
+              f"copy {doc['memory_bandwidth'] / 1e9:.2f} GB/s")
+        for op, sizes in doc["beta"].items():
+            text = ", ".join(f"G={g}: {b / 1e9:.2f}" for g, b in sizes.items())
+            print(f"  {op:15s} GB/s per rank  {text}")
+    comm.Barrier()
+    return 0
+
+
+def main(argv=None, comm=None):
+    return calibrate_run(_parser().parse_args(argv), comm)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

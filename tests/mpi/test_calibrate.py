@@ -1,0 +1,38 @@
+"""``python -m mpiredist calibrate`` under MPI: a complete profile the planner reads.
+
+    timeout 300 mpiexec -n N python -m pytest -q --with-mpi tests/mpi/test_calibrate.py
+"""
+
+import json
+
+import pytest
+from helpers import all_ok, shared_path
+
+import mpiredist as mr
+from mpiredist import cli
+from mpiredist.bench.calibrate import _groups
+from mpiredist.planning import profile as profiles
+
+pytestmark = pytest.mark.mpi
+
+
+def test_calibrate_writes_a_complete_profile(comm, monkeypatch):
+    with shared_path(comm) as path:
+        rc = cli.main(["calibrate", "--quick", "--json", path])
+        all_ok(comm, rc == 0, f"calibrate exit status {rc}")
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        sizes = {str(g) for g in _groups(comm.size)}
+        complete = (set(doc["beta"]) == set(profiles.OPS)
+                    and all(set(v) == sizes for v in doc["beta"].values())
+                    and all(b > 0 for v in doc["beta"].values() for b in v.values())
+                    and doc["alpha"] >= 0 and doc["ranks"] == comm.size
+                    and min(doc["pack_rate"], doc["datatype_rate"], doc["memory_bandwidth"]) > 0)
+        all_ok(comm, complete, f"profile incomplete: {sorted(doc)} {doc.get('beta')}")
+        monkeypatch.setenv(profiles.ENV, path)
+        prof = profiles.current()
+        all_ok(comm, prof.alpha == doc["alpha"] and prof.source == path,
+               "the planner reads MPIREDIST_PROFILE")
+        p = mr.plan((64, 64), "float32", {"x": comm.size}, "[{x},{}]", "[{},{x}]")
+        all_ok(comm, p.peak_local_bytes <= max(p.src_local_bytes, p.dst_local_bytes),
+               "a plan under the measured profile keeps the bound")

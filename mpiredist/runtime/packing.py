@@ -20,7 +20,7 @@ part that does not fit the buffer goes as a subarray datatype.
 import math
 
 from ..core.backend import synchronize
-from ..core.blocks import rank_block
+from ..core.blocks import divides_evenly, rank_block
 from ..planning.costs import most_met
 from ..planning.routing import exchange_recvs, exchange_sends
 from ..core.subaxes import rank_digits
@@ -96,16 +96,25 @@ def group_sides(step, whole):
 
 
 def one_call(ctx, step):
-    """True if a step's pieces go in one ``Alltoallv``, both sides packed.
+    """``False``, or how a step's pieces go in one call, both sides packed.
 
     For small blocks, where each message costs a latency: MPI's own
     all-to-all algorithm then combines messages, which rounds of
     Isend/Irecv cannot.  Taken when both packed sides fit the pack room
     (twice the largest block): from the plan and the budget alone, so every
-    rank decides alike.
+    rank decides alike.  ``"even"``: an all-to-all whose pieces all have one
+    size (every dim divides evenly in both layouts), sent with ``Alltoall``
+    (MPICH's small-message algorithm combines messages in log2 G rounds,
+    which ``Alltoallv`` does not: measured at 8 ranks, 4 KiB blocks, c01
+    1.18 ms against 0.74 ms for the bare collective); else ``"v"``:
+    ``Alltoallv`` without the own piece.
     """
     most = max(math.prod(step.local_shape_before), math.prod(step.local_shape_after))
-    return 2 * most * ctx.itemsize <= ctx.slack and most * ctx.itemsize <= ONE_CALL_MAX
+    if not (2 * most * ctx.itemsize <= ctx.slack and most * ctx.itemsize <= ONE_CALL_MAX):
+        return False
+    even = step.op == "all_to_all" and divides_evenly(ctx.plan.global_shape,
+                                                      (step.before, step.after))
+    return "even" if even else "v"
 
 
 def move(ctx, comm, region, out, pieces_out, pieces_in, peers, sides=2, collective=False):
@@ -122,6 +131,9 @@ def move(ctx, comm, region, out, pieces_out, pieces_in, peers, sides=2, collecti
     me = comm.Get_rank()
     if me in pieces_out and me in pieces_in:
         out.view()[_index(pieces_in[me])] = region.view()[_index(pieces_out[me])]
+    if collective == "even":
+        _alltoall(ctx, comm, region, out, pieces_out, pieces_in)
+        return
     if collective:
         _alltoallv(ctx, comm, region, out, pieces_out, pieces_in)
         return
@@ -182,6 +194,29 @@ def _alltoallv(ctx, comm, region, out, pieces_out, pieces_in):
         if recv_counts[p]:
             dst[_index(pieces_in[p])] = recv[at:at + recv_counts[p]].reshape(pieces_in[p][1])
             at += recv_counts[p]
+
+
+def _alltoall(ctx, comm, region, out, pieces_out, pieces_in):
+    """Every piece, all of one size, in one ``Alltoall`` (the own piece rides along
+    and is not unpacked: :func:`move` copied it)."""
+    n, me = comm.Get_size(), comm.Get_rank()
+    count = max(math.prod(shape) for _, shape in list(pieces_out.values()) +
+                list(pieces_in.values())) if pieces_out or pieces_in else 0
+    send = ctx.scratch(2 * n * count)
+    recv = send[n * count:]
+    src = region.view()
+    for p, piece in pieces_out.items():
+        if p != me:
+            send[p * count:p * count + math.prod(piece[1])].reshape(piece[1])[...] = \
+                src[_index(piece)]
+    synchronize(send)
+    unit = count * ctx.itemsize
+    comm.Alltoall([send, unit, ctx.MPI.BYTE], [recv, unit, ctx.MPI.BYTE])
+    dst = out.view()
+    for p, piece in pieces_in.items():
+        if p != me:
+            dst[_index(piece)] = recv[p * count:p * count + math.prod(piece[1])] \
+                .reshape(piece[1])
 
 
 def _offsets(counts, size):

@@ -203,12 +203,12 @@ class DistArrayBase:
         block = self._local
         if mesh is not None or self._mesh.ranks is not None:
             target = self._mesh if mesh is None else mesh
-            out = redistribute(block, self._shape, self._mesh, self._layout, dst, donate,
-                               strategy, records, workspace_bytes, dst_mesh=target)
+            out, target = _between(block, self._shape, self._mesh, self._layout, dst, target,
+                                   donate, strategy, records, workspace_bytes,
+                                   local_references(block), with_mesh=True)
             if donate:
                 self._local = None
-            return type(self)(out, self._shape, Layout.parse(dst),
-                              target if isinstance(target, Mesh) else Mesh(target))
+            return type(self)(out, self._shape, Layout.parse(dst), target)
         if donate:
             self._local = None          # hand the block over: no reference is left here
         extra = local_references(block)    # any reference left is not ours to free
@@ -303,8 +303,12 @@ def _redistribute(local, global_shape, mesh, src, dst, donate, strategy, records
 
 
 def _between(local, global_shape, mesh, src, dst, dst_mesh, donate, strategy, records,
-             workspace, extra_refs):
-    """:func:`redistribute` between meshes: agree on the dtype, then one Transfer."""
+             workspace, extra_refs, with_mesh=False):
+    """:func:`redistribute` between meshes: agree on the dtype, then one Transfer.
+
+    With ``with_mesh`` returns ``(block, target mesh)``: the target mesh with
+    its ranks, chosen where it said ``ranks="auto"``.
+    """
     def body(mesh, rank):
         if local is not None and not (hasattr(local, "shape") and hasattr(local, "dtype")):
             raise ShapeError(f"rank {rank}: local block must be a numpy or CuPy array or "
@@ -318,8 +322,9 @@ def _between(local, global_shape, mesh, src, dst, dst_mesh, donate, strategy, re
     t = Transfer(global_shape, dtype, mesh, src, dst, donate, workspace, strategy,
                  dst_mesh=mesh if dst_mesh is None else dst_mesh)
     try:
-        return t.run(local) if t.executor == "exchange" else \
+        out = t.run(local) if t.executor == "exchange" else \
             t._run(local, None, extra_refs, records)
+        return (out, t.target_mesh) if with_mesh else out
     finally:
         t.free()
 

@@ -72,6 +72,9 @@ class Mesh:
     ranks : sequence of int, optional
         The ranks of ``comm`` that are the mesh's devices, in row-major
         device order.  ``None`` (the default): all ranks ``0..size-1``.
+        ``"auto"`` (a target mesh only): every rank, in the order that
+        moves the fewest bytes from the source, chosen by the planning of
+        the redistribution (:func:`mpiredist.planning.crossmesh.relabel`).
         Their count must be the mesh's size; that they are distinct and
         inside the communicator is checked, on every rank, by the calls
         that run on the mesh.
@@ -125,8 +128,16 @@ class Mesh:
         """The communicator ranks of the devices (a tuple), or ``None`` for all."""
         return self._ranks
 
+    @property
+    def auto(self):
+        """True for ``ranks="auto"``: the order is chosen by a redistribution."""
+        return self._ranks == "auto"
+
     def device_ranks(self):
         """Communicator rank of each device: ``ranks``, or ``0..size-1``."""
+        if self.auto:
+            raise MeshError(f"mesh {self}: ranks='auto' are chosen by a redistribution "
+                            "to it (give the source mesh and layout)")
         return self._ranks if self._ranks is not None else tuple(range(self.size))
 
     def is_whole(self, comm_size):
@@ -191,17 +202,20 @@ class Mesh:
     def __repr__(self):
         if self._ranks is None:
             return f"Mesh({dict(self._axes)!r})"
-        return f"Mesh({dict(self._axes)!r}, ranks={list(self._ranks)!r})"
+        ranks = "'auto'" if self.auto else repr(list(self._ranks))
+        return f"Mesh({dict(self._axes)!r}, ranks={ranks})"
 
     def __str__(self):
         text = ",".join(f"{n}={s}" for n, s in self._axes)
-        return text if self._ranks is None else f"{text}@{format_ranks(self._ranks)}"
+        if self._ranks is None:
+            return text
+        return f"{text}@auto" if self.auto else f"{text}@{format_ranks(self._ranks)}"
 
 
 def _parse_ranks(ranks, size):
     """``ranks`` as a tuple of ints (or None); MeshError if its count is not ``size``."""
-    if ranks is None:
-        return None
+    if ranks is None or (isinstance(ranks, str) and ranks.strip() == "auto"):
+        return None if ranks is None else "auto"
     if isinstance(ranks, str):
         ranks = parse_ranks(ranks)
     try:

@@ -11,13 +11,13 @@ applies unchanged.  Otherwise the array moves by the exchange of
 
 from dataclasses import dataclass
 
-from ..core.blocks import box_size
-from ..core.errors import LayoutError
+from ..core.blocks import box_size, overlap
+from ..core.errors import LayoutError, MeshError
 from ..core.layout import Layout
 from ..core.mesh import Mesh
 from .exchange import mesh_boxes, recv_pieces, rounds, segment_items, send_pieces, holders_of
 
-__all__ = ["refine", "rewrite", "route", "comm_size_of", "CrossPlan", "cross_plan",
+__all__ = ["refine", "rewrite", "route", "comm_size_of", "relabel", "CrossPlan", "cross_plan",
            "default_workspace"]
 
 
@@ -83,6 +83,43 @@ def route(mesh, src, dst_mesh, dst, comm_size):
 def comm_size_of(*meshes):
     """Ranks a communicator needs for ``meshes``: enough for every listed rank."""
     return max(max(m.device_ranks()) + 1 if m.size else 0 for m in meshes)
+
+
+def relabel(shape, src_mesh, src, dst_mesh, dst, comm_size):
+    """``dst_mesh`` (``ranks="auto"``) with its ranks chosen: every rank, ordered
+    to leave the most of each target block where it already is.
+
+    Greedy over the (device, rank) pairs by the elements the rank's source
+    block shares with the device's target block, largest first (ties by
+    device, then rank); devices left over take the ranks left over in
+    order.  The plain order ``0..P-1`` is kept unless this keeps more in
+    place.  From shapes and layouts alone: every rank chooses alike.
+    """
+    if dst_mesh.size != comm_size:
+        raise MeshError(f"target mesh {dst_mesh}: ranks='auto' orders every rank, but the "
+                        f"mesh has {dst_mesh.size} devices and the communicator "
+                        f"{comm_size} ranks")
+    sboxes = mesh_boxes(shape, src_mesh, src, comm_size)
+    tboxes = mesh_boxes(shape, Mesh(dst_mesh.axes), dst, comm_size)
+    pairs = []
+    for d, tb in enumerate(tboxes):
+        for r, sb in enumerate(sboxes):
+            common = None if sb is None else (overlap(sb, tb) if tb else ())
+            n = 0 if common is None else box_size(common)
+            if n:
+                pairs.append((-n, d, r))
+    chosen, taken = {}, set()
+    for _, d, r in sorted(pairs):
+        if d not in chosen and r not in taken:
+            chosen[d] = r
+            taken.add(r)
+    rest = iter(r for r in range(comm_size) if r not in taken)
+    ranks = [chosen[d] if d in chosen else next(rest) for d in range(comm_size)]
+    kept = {(d, r): -n for n, d, r in pairs}
+    if sum(kept.get((d, r), 0) for d, r in enumerate(ranks)) <= \
+            sum(kept.get((d, d), 0) for d in range(comm_size)):
+        ranks = list(range(comm_size))          # never worse than the plain order
+    return Mesh(dst_mesh.axes, dst_mesh.comm, ranks)
 
 
 def default_workspace(max_block_bytes):

@@ -109,6 +109,9 @@ def _plan_between(global_shape, dtype, mesh, src, dst, strategy, dst_mesh):
     target = target if isinstance(target, Mesh) else Mesh(target)
     shape, dtype, mesh, src, _ = validate(global_shape, dtype, mesh, src, src)
     _, _, target, dst, _ = validate(shape, dtype, target, dst, dst)
+    if target.auto:
+        target = crossmesh.relabel(shape, mesh, src, target, dst, max(
+            target.size, crossmesh.comm_size_of(mesh)))
     size = crossmesh.comm_size_of(mesh, target)
     mesh.check_ranks(size, "source")
     target.check_ranks(size, "target")

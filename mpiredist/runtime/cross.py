@@ -19,7 +19,7 @@ from ..core.blocks import box_size
 from ..core.errors import MeshError, ShapeError
 from ..core.mesh import Mesh
 from ..planning import planner
-from ..planning.crossmesh import cross_plan, default_workspace, route
+from ..planning.crossmesh import cross_plan, default_workspace, relabel, route
 from ..planning.exchange import holders_of, mesh_boxes, recv_pieces, send_pieces
 from .agree import agree_flags, check_together
 from .comm import base_comm, mpi
@@ -81,9 +81,11 @@ def agree_cross(global_shape, dtype, mesh, src, dst, dst_mesh, workspace, strate
                             f"source mesh {mesh}; both meshes must live on one communicator")
         size = base_comm(mesh).Get_size()
         mesh.check_ranks(size, "source")
-        target.check_ranks(size, "target")
         shape, dt, _, s, _ = planner.validate(global_shape, dtype, mesh, src, src)
         _, _, _, d, _ = planner.validate(shape, dt, target, dst, dst)
+        if target.auto:
+            target = relabel(shape, mesh, s, target, d, size)
+        target.check_ranks(size, "target")
         if strategy not in planner.STRATEGIES:
             raise ShapeError(f"strategy {strategy!r} is not one of {planner.STRATEGIES}")
         w = None if workspace is None else int(workspace)

@@ -149,6 +149,7 @@ class Transfer:
         kind, refined, plan = route
         if kind == "refined":
             self._setup(refined, plan, bool(donate), w)
+            self._target_mesh = target
         else:
             self._cross = CrossExchange(mesh, target, shape, dt, s, d, w)
             self._mesh, self._donate, self._workspace = mesh, False, self._cross.workspace
@@ -215,6 +216,13 @@ class Transfer:
     @property
     def mesh(self):
         return self._mesh
+
+    @property
+    def target_mesh(self):
+        """The target layout's mesh (``dst_mesh`` with its ranks, chosen for ``"auto"``)."""
+        if self._cross is not None:
+            return self._cross.dst_mesh
+        return getattr(self, "_target_mesh", None) or self._mesh
 
     @property
     def donate(self):

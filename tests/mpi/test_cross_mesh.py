@@ -259,3 +259,18 @@ def test_memory_within_bound_rss(which):
     used = e.bytes
     all_ok(COMM, used is not None and used <= max(s, tt) + w + RSS_NOISE,
            f"{which}: RSS growth {used} B > max(S={s}, T={tt}) + W={w} + 1 MiB")
+
+
+@pytest.mark.mpi
+def test_auto_ranks():
+    """ranks="auto": the target order that moves the least; DistArray reports it."""
+    from mpiredist.planning.crossmesh import relabel
+    shape = (2 * P + 1, 3)
+    m1 = _mesh({"x": P}, list(reversed(range(P))))
+    G = np.arange(int(np.prod(shape)), dtype="float64").reshape(shape)
+    a = mr.DistArray.from_local(_source(G, m1, "[{x}, {}]"), m1, "[{x}, {}]", shape)
+    b = a.redistribute("[{a}, {}]", mesh=mr.Mesh({"a": P}, ranks="auto"))
+    chosen = relabel(shape, m1, mr.Layout.parse("[{x}, {}]"), mr.Mesh({"a": P}, ranks="auto"),
+                     mr.Layout.parse("[{a}, {}]"), P)
+    all_ok(COMM, b.mesh == chosen and chosen.ranks == m1.ranks, f"chose {b.mesh}")
+    _check(b.local, _expected(G, chosen, "[{a}, {}]"), "auto ranks")

@@ -27,12 +27,14 @@ def shifted(box, dim, offset):
     return box[:dim] + ((box[dim][0] + offset, box[dim][1] + offset),) + box[dim + 1:]
 
 
-def exchange_into(mesh, dtype, src, dst, local, out, op="sum", workspace=None):
+def exchange_into(mesh, dtype, src, dst, local, out, op="sum", workspace=None, whole=False):
     """Fill ``out`` (this rank's target box, or None) from ``local`` (collective).
 
     ``src``: per communicator rank ``(box, class)`` or None; ``dst``: per
     rank a box or None.  ``local`` and ``out`` are this rank's arrays of
-    those boxes' shapes (views allowed).  Returns the bytes this rank sent.
+    those boxes' shapes: views are allowed unless ``whole`` (every rank's
+    are whole C-contiguous arrays, and contiguous pieces go unbuffered).
+    Returns the bytes this rank sent.
     """
     comm = base_comm(mesh)
     rank = comm.Get_rank()
@@ -44,7 +46,7 @@ def exchange_into(mesh, dtype, src, dst, local, out, op="sum", workspace=None):
     mine = src[rank]
     ex = Exchange(comm, dtype, None if mine is None else mine[0], dst[rank],
                   send_pieces(rank, src, dst, holders), recv_pieces(rank, src, dst, holders),
-                  workspace, op)
+                  workspace, op, direct=whole)
     try:
         ex.run(local, out)
         return ex.bytes_sent

@@ -258,7 +258,8 @@ def _flat_move(b, new, work):
     lshape = tuple(hi - lo for lo, hi in _box(new, work, mesh))
     xp = array_module(b.local)
     out = xp.empty(lshape, b.dtype)
-    moves.exchange_into(mesh, b.dtype, src, dst, b.local.reshape(-1), out.reshape(-1))
+    moves.exchange_into(mesh, b.dtype, src, dst, xp.ascontiguousarray(b.local).reshape(-1),
+                        out.reshape(-1), whole=True)
     return type(b)(out, new, work, mesh)
 
 

@@ -37,12 +37,18 @@ from ..core.layout import Layout
 from ..core.subaxes import expand, rank_digits
 
 __all__ = ["mesh_boxes", "Piece", "recv_pieces", "send_pieces", "segment_items", "rounds",
+           "contiguous", "buffered_peers", "plan_rounds",
            "segment_boxes", "simulate", "holders_of", "REDUCERS"]
 
 REDUCERS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
-Piece = namedtuple("Piece", "peer box cls")
-Piece.__doc__ = """A piece of one exchange: the other rank, the global box, the source class."""
+Piece = namedtuple("Piece", "peer box cls direct")
+Piece.__doc__ = """A piece of one exchange: the other rank, the global box, the source
+class, and whether it is *direct*: one contiguous stretch of both the sender's
+source block and the receiver's target block, of a source without partial
+classes (or this rank's own piece of such a source).  A direct piece needs no
+buffer and goes whole (within the count limit); both ends know it from the
+boxes alone."""
 
 
 def mesh_boxes(shape, mesh, layout, comm_size, partial=False):
@@ -101,6 +107,19 @@ def _parts(q, piece, classes):
     return out
 
 
+def contiguous(sub, box):
+    """True if ``sub`` is one contiguous stretch of a C-order block holding ``box``."""
+    ext = [b - a for a, b in sub]
+    k = next((i for i, n in enumerate(ext) if n > 1), len(ext))
+    return all(ext[j] == box[j][1] - box[j][0] for j in range(k + 1, len(ext)))
+
+
+def _direct(p, q, part, sbox, tbox, classes):
+    if len(classes) > 1:
+        return False
+    return p == q or (contiguous(part, sbox) and contiguous(part, tbox))
+
+
 def recv_pieces(q, src, dst, holders=None):
     """Pieces that rank ``q`` receives, ordered by (part, class): combine in this order."""
     box = dst[q]
@@ -112,7 +131,8 @@ def recv_pieces(q, src, dst, holders=None):
         piece = overlap(sbox, box) if box else ()
         if piece is None or box_size(piece) == 0:
             continue
-        out.extend(Piece(p, part, cls) for p, part, cls in _parts(q, piece, classes))
+        out.extend(Piece(p, part, cls, _direct(p, q, part, sbox, box, classes))
+                   for p, part, cls in _parts(q, piece, classes))
     return sorted(out, key=lambda x: (x.box, x.cls))
 
 
@@ -130,8 +150,8 @@ def send_pieces(p, src, dst, holders=None):
         piece = overlap(sbox, box) if box else ()
         if piece is None or box_size(piece) == 0:
             continue
-        out.extend(Piece(q, part, cls) for h, part, c in _parts(q, piece, classes)
-                   if h == p and c == cls)
+        out.extend(Piece(q, part, cls, _direct(p, q, part, sbox, box, classes))
+                   for h, part, c in _parts(q, piece, classes) if h == p and c == cls)
     return out
 
 
@@ -146,6 +166,21 @@ def segment_items(budget, itemsize, peers, limit_bytes=None):
 def rounds(items, s):
     """Rounds to move ``items`` in segments of ``s``."""
     return -(-items // s)
+
+
+def buffered_peers(pieces, rank):
+    """Pieces of ``pieces`` that go through a buffer: remote and not direct."""
+    return sum(x.peer != rank and not x.direct for x in pieces)
+
+
+def plan_rounds(sends, recvs, rank, budget, itemsize, limit_bytes=None):
+    """This rank's ``(buffered peers, largest buffered piece, rounds of its direct
+    pieces)``: the figures whose maxima over ranks fix the segments and rounds."""
+    pieces = [x for x in sends + recvs if x.peer != rank]
+    direct = max(1, (limit_bytes // itemsize) if limit_bytes else 1 << 62)
+    return (max(buffered_peers(sends, rank), buffered_peers(recvs, rank)),
+            max([box_size(x.box) for x in pieces if not x.direct] + [0]),
+            max([rounds(box_size(x.box), direct) for x in pieces if x.direct] + [0]))
 
 
 def segment_boxes(box, r, s):
@@ -177,10 +212,13 @@ def simulate(array, src, dst, op="sum", budget=1 << 20, itemsize=None):
     holders = holders_of(src)
     recvs = [recv_pieces(q, src, dst, holders) for q in range(len(dst))]
     sends = [send_pieces(p, src, dst, holders) for p in range(len(src))]
-    peers = max([sum(x.peer != q for x in pieces) for q, pieces in enumerate(recvs)]
-                + [sum(x.peer != p for x in pieces) for p, pieces in enumerate(sends)] + [1])
+    figures = [plan_rounds(sends[r], recvs[r] if r < len(recvs) else [], r, budget, itemsize)
+               for r in range(len(src))]
+    peers = max([f[0] for f in figures] + [1])
     s = segment_items(budget, itemsize, peers)
-    total = max([rounds(box_size(x.box), s) for pieces in recvs for x in pieces] + [0])
+    total = max([rounds(f[1], s) for f in figures] + [f[2] for f in figures] + [0])
+    total = max([total] + [rounds(box_size(x.box), s) if not x.direct else 1
+                           for q, pieces in enumerate(recvs) for x in pieces if x.peer == q])
     out = [None if b is None else np.empty(tuple(hi - lo for lo, hi in b), arrays[0].dtype)
            for b in dst]
     most = 0
@@ -189,7 +227,8 @@ def simulate(array, src, dst, op="sum", budget=1 << 20, itemsize=None):
             got = _apply(out[q], dst[q], pieces, arrays, r, s, REDUCERS[op], q)
             most = max(most, got * itemsize)
         for p, pieces in enumerate(sends):
-            n = sum(box_size(b) for x in pieces if x.peer != p for b in segment_boxes(x.box, r, s))
+            n = sum(box_size(b) for x in pieces if x.peer != p and not x.direct
+                    for b in segment_boxes(x.box, r, s))
             most = max(most, n * itemsize)
     return out, dict(rounds=total, segment=s, peers=peers, most_bytes=most)
 
@@ -198,7 +237,7 @@ def _apply(block, box, pieces, arrays, r, s, reducer, q):
     """Combine segment ``r`` of ``pieces`` into ``block``; items received from others."""
     received, first = 0, set()
     for x in pieces:
-        for sub in segment_boxes(x.box, r, s):
+        for sub in segment_boxes(x.box, r, box_size(x.box) if x.direct else s):
             value = arrays[x.cls][tuple(slice(a, b) for a, b in sub)]
             target = _view(block, box, sub)
             if sub in first:
@@ -206,6 +245,6 @@ def _apply(block, box, pieces, arrays, r, s, reducer, q):
             else:
                 target[...] = value
                 first.add(sub)
-            if x.peer != q:
+            if x.peer != q and not x.direct:
                 received += box_size(sub)
     return received

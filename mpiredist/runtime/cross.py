@@ -111,7 +111,9 @@ class CrossExchange:
     mesh gets ``None``.  Memory: the target block plus at most W
     (``workspace``, default a quarter of the largest block of any rank plus
     1 MiB), on every rank; the source block is read in place, so a donation
-    is not honoured on this route.
+    is not honoured on this route.  A block that is not C-contiguous is
+    copied first (one block more): pieces that are one contiguous stretch at
+    both ends go whole, straight from the source into the target.
     """
 
     def __init__(self, mesh, dst_mesh, shape, dtype, src, dst, workspace=None):
@@ -175,6 +177,8 @@ class CrossExchange:
             except ValueError as exc:
                 error = exc
             agree_flags(self._comm, "Transfer.run", error)
+        if local is not None and not _c_contiguous(local):
+            local = array_module(local).ascontiguousarray(local)   # one block more (docs)
         if out is None and self.target_shape is not None:
             xp = np if local is None else array_module(local)
             out = xp.empty(self.target_shape, self.dtype)
@@ -191,6 +195,11 @@ class CrossExchange:
 
     def free(self):
         self._exchange.free()
+
+
+def _c_contiguous(array):
+    flags = array.flags
+    return flags["C_CONTIGUOUS"] if hasattr(flags, "__getitem__") else flags.c_contiguous
 
 
 def _shape(box):

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..core.backend import array_module, synchronize
 from ..core.blocks import box_size
-from ..planning.exchange import REDUCERS, rounds, segment_boxes, segment_items
+from ..planning.exchange import REDUCERS, plan_rounds, rounds, segment_boxes, segment_items
 from .comm import mpi
 from .counts import count_limit
 
@@ -48,29 +48,42 @@ class Exchange:
         W: each of the send and receive buffers holds at most ``W // 2``.
     op : str
         How partial classes combine.
+    direct : bool
+        Whether ``local`` and ``out`` will be whole C-contiguous blocks of
+        their boxes, so that *direct* pieces (one contiguous stretch at both
+        ends) go whole, without a buffer.  Every rank must pass the same;
+        False treats every piece as packed (views of larger arrays).
     """
 
-    def __init__(self, comm, dtype, src_box, dst_box, sends, recvs, workspace, op="sum"):
+    def __init__(self, comm, dtype, src_box, dst_box, sends, recvs, workspace, op="sum",
+                 direct=True):
         MPI = mpi()
         self.MPI, self.comm = MPI, comm.Dup()
         self.rank = comm.Get_rank()
         self.dtype = np.dtype(dtype)
         self.src_box, self.dst_box = src_box, dst_box
         self.sends, self.recvs = list(sends), list(recvs)
+        if not direct:
+            self.sends = [x._replace(direct=False) for x in self.sends]
+            self.recvs = [x._replace(direct=False) for x in self.recvs]
         self.reduce = REDUCERS[op]
-        remote = [x for x in self.sends if x.peer != self.rank] + \
-            [x for x in self.recvs if x.peer != self.rank]
-        mine = np.array([max(sum(x.peer != self.rank for x in self.sends),
-                             sum(x.peer != self.rank for x in self.recvs)),
-                         max([box_size(x.box) for x in remote] + [0])], np.int64)
+        limit = count_limit(MPI)
+        mine = np.array(plan_rounds(self.sends, self.recvs, self.rank, workspace // 2,
+                                    self.dtype.itemsize, limit), np.int64)
         most = np.empty_like(mine)
         self.comm.Allreduce(mine, most, op=MPI.MAX)
-        self.peers, largest = int(most[0]), int(most[1])
+        self.peers, largest, direct_rounds = (int(v) for v in most)
         self.segment = segment_items(max(1, workspace // 2), self.dtype.itemsize, self.peers,
-                                     count_limit(MPI))
-        self.rounds = rounds(largest, self.segment)
-        own = [box_size(x.box) for x in self.recvs if x.peer == self.rank]
-        self.local_rounds = max([rounds(n, self.segment) for n in own] + [self.rounds])
+                                     limit)
+        self.whole = max(1, limit // self.dtype.itemsize)     # a direct piece's segment
+        self.rounds = max(rounds(largest, self.segment), direct_rounds)
+        own = [rounds(box_size(x.box), self._seg(x)) for x in self.recvs
+               if x.peer == self.rank]
+        self.local_rounds = max(own + [self.rounds])
+
+    def _seg(self, piece):
+        """Items per segment of ``piece``: whole (within the count limit) if direct."""
+        return self.whole if piece.direct else self.segment
 
     @property
     def bytes_sent(self):
@@ -98,7 +111,8 @@ class Exchange:
         """The send or receive buffer, made when a segment first needs packing."""
         if which not in buffers:
             pieces = self.sends if which == "send" else self.recvs
-            n = sum(min(box_size(x.box), self.segment) for x in pieces if x.peer != self.rank)
+            n = sum(min(box_size(x.box), self.segment) for x in pieces
+                    if x.peer != self.rank and not x.direct)
             buffers[which] = buffers["xp"].empty(n, self.dtype)
         return buffers[which]
 
@@ -108,11 +122,11 @@ class Exchange:
         for i, x in enumerate(self.recvs):
             if x.peer == self.rank:
                 continue
-            subs = segment_boxes(x.box, r, self.segment)
+            subs = segment_boxes(x.box, r, self._seg(x))
             if not subs:
                 continue
             n = sum(box_size(b) for b in subs)
-            target = self._direct(out, self.dst_box, x.box, r) if not i or self._first(i) \
+            target = self._direct(out, self.dst_box, x, r) if not i or self._first(i) \
                 else None
             if target is None:
                 recvbuf = self._buffer(buffers, "recv")
@@ -126,10 +140,10 @@ class Exchange:
         for x in self.sends:
             if x.peer == self.rank:
                 continue
-            subs = segment_boxes(x.box, r, self.segment)
+            subs = segment_boxes(x.box, r, self._seg(x))
             if not subs:
                 continue
-            view = self._direct(local, self.src_box, x.box, r)
+            view = self._direct(local, self.src_box, x, r)
             if view is None:
                 view = self._buffer(buffers, "send")[at:at + sum(box_size(b) for b in subs)]
                 at += view.size
@@ -149,10 +163,14 @@ class Exchange:
     def _direct(self, block, box, piece, r):
         """The block's memory of segment ``r`` of ``piece`` if the piece is one
         contiguous stretch of the block, else None (pack it)."""
-        view = block[_slices(box, piece)]
+        view = block[_slices(box, piece.box)]
         if not view.flags.c_contiguous:
+            if piece.direct:
+                raise AssertionError("a direct piece of a non-contiguous block: the "
+                                     "Exchange needs direct=False for views")
             return None
-        return view.reshape(-1)[r * self.segment:(r + 1) * self.segment]
+        s = self._seg(piece)
+        return view.reshape(-1)[r * s:(r + 1) * s]
 
     def _bytes(self, flat):
         return [flat.view("u1"), self.MPI.BYTE]
@@ -168,7 +186,7 @@ class Exchange:
         """Copy or combine segment ``r`` of every received piece into ``out``, in order."""
         done = set()
         for i, x in enumerate(self.recvs):
-            subs = segment_boxes(x.box, r, self.segment)
+            subs = segment_boxes(x.box, r, self._seg(x))
             if not subs:
                 continue
             if x.peer == self.rank:

@@ -278,3 +278,13 @@ def test_auto_ranks():
     moved = p.bytes_sent_per_rank if moved is None else moved
     all_ok(COMM, b.mesh == chosen and moved == 0, f"chose {b.mesh}, moving {moved} B")
     _check(b.local, _expected(G, chosen, "[{a}, {}]"), "auto ranks")
+
+
+@pytest.mark.mpi
+def test_weight_sync_example():
+    """scripts/weight_sync_example.py (README's worked example) checks itself."""
+    import runpy
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[2] / "scripts" / "weight_sync_example.py"
+    main = runpy.run_path(str(script))["main"]
+    all_ok(COMM, main(COMM) == 0, "weight sync example")

@@ -20,6 +20,8 @@
 #                               if missing, so nothing is built from source
 #   MPIREDIST_SLURM_NTASKS      tasks of each job (default 8; the node has 8 CPUs)
 #   MPIREDIST_SLURM_TEST_RANKS  rank counts of the tests job (default "2 8")
+#   MPIREDIST_SLURM_SERIAL_TESTS, MPIREDIST_SLURM_MPI_TESTS
+#                               test paths of the tests job (default a subset)
 #   MPIREDIST_SLURM_BENCH_CASES cases of the bench job (default c01,c03,c11)
 #   MPIREDIST_SLURM_BENCH_ARGS  other bench arguments (default "--quick --no-progress")
 #   MPIREDIST_SLURM_TESTS_TIMEOUT / MPIREDIST_SLURM_BENCH_TIMEOUT
@@ -334,6 +336,11 @@ sinfo
 export MPIREDIST_VENV="$VENV"
 export MPIREDIST_SRUN_MPI="${MPIREDIST_SRUN_MPI:---mpi=pmi2}"
 export MPIREDIST_TEST_RANKS="$TEST_RANKS"
+# The whole suites ran under the same MPI in scripts/test.sh's earlier
+# stages; here a subset checks the template, srun and PMI (about 1 minute
+# instead of 4: CI stays under 15).  MPIREDIST_SLURM_*_TESTS=tests(/mpi) for all.
+export MPIREDIST_SLURM_SERIAL_TESTS="${MPIREDIST_SLURM_SERIAL_TESTS:-tests/test_cli.py tests/test_layout.py}"
+export MPIREDIST_SLURM_MPI_TESTS="${MPIREDIST_SLURM_MPI_TESTS:-tests/mpi/test_smoke.py tests/mpi/test_redistribute.py tests/mpi/test_transfer.py tests/mpi/test_cross_mesh.py}"
 export MPIREDIST_MPI_TIMEOUT="${MPIREDIST_MPI_TIMEOUT:-300}"   # per srun, as scripts/test.sh
 export MPIREDIST_BENCH_JSON="$T/bench.json"
 # The resident-set memory test needs these from process start (README: Memory).

@@ -201,7 +201,7 @@ class DistArrayBase:
             Budget W for temporary buffers (see :func:`redistribute`).
         """
         block = self._local
-        if mesh is not None or self._mesh.ranks is not None:
+        if crossing(self._mesh, mesh):
             target = self._mesh if mesh is None else mesh
             out, target = _between(block, self._shape, self._mesh, self._layout, dst, target,
                                    donate, strategy, records, workspace_bytes,
@@ -273,7 +273,7 @@ def redistribute(local, global_shape, mesh, src, dst, donate=False,
     the exchange does not honour a donation (it warns).
     """
     extra = references(local)          # beyond the caller's own name
-    if dst_mesh is not None or crossing(mesh, None):
+    if crossing(mesh, dst_mesh):
         return _between(local, global_shape, mesh, src, dst, dst_mesh, donate, strategy,
                         records, workspace_bytes, extra)
     return _redistribute(local, global_shape, mesh, src, dst, donate, strategy, records,

@@ -15,7 +15,6 @@ mesh's communicator and keyed by the agreed arguments.
 from ..core.blocks import rank_block
 from ..core.errors import ShapeError
 from ..core.layout import Layout
-from ..core.mesh import Mesh
 from ..core.subaxes import expand, rank_digits
 from ..planning import planner
 from ..runtime.agree import check_together

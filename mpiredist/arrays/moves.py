@@ -8,9 +8,8 @@ buffers of at most W, and the caller's result block.  Every rank calls it
 with the same entries; they come from shapes and layouts only.
 """
 
-from ..core.blocks import box_size
-from ..planning.crossmesh import default_workspace
-from ..planning.exchange import holders_of, mesh_boxes, recv_pieces, send_pieces
+from ..planning.exchange import (exchange_workspace, holders_of, mesh_boxes, recv_pieces,
+                                 send_pieces)
 from ..runtime.comm import base_comm
 from ..runtime.exchange import Exchange
 
@@ -39,9 +38,7 @@ def exchange_into(mesh, dtype, src, dst, local, out, op="sum", workspace=None, w
     comm = base_comm(mesh)
     rank = comm.Get_rank()
     if workspace is None:
-        most = max([box_size(b) for b in dst if b is not None] +
-                   [box_size(e[0]) for e in src if e is not None] + [0])
-        workspace = default_workspace(most * dtype.itemsize)
+        workspace = exchange_workspace(src, dst, dtype.itemsize)
     holders = holders_of(src)
     mine = src[rank]
     ex = Exchange(comm, dtype, None if mine is None else mine[0], dst[rank],

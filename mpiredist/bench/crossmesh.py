@@ -76,6 +76,8 @@ from importlib import resources
 
 import numpy as np
 
+from ..core.blocks import sub_index
+
 __all__ = ["Unfit", "CrossCase", "Concrete", "evaluate", "parse_ranks", "load_cross_cases",
            "instantiate", "block_values", "measure", "run", "format_rows", "main"]
 
@@ -314,11 +316,6 @@ def block_values(shape, box, dtype):
     return ((flat * 40503) % 16777213).astype(dtype)
 
 
-def _slices(outer, inner):
-    """Index of global box ``inner`` within a block holding ``outer``."""
-    return tuple(slice(a - o, b - o) for (o, _), (a, b) in zip(outer, inner))
-
-
 def _size(box):
     return 0 if box is None else math.prod(hi - lo for lo, hi in box)
 
@@ -506,7 +503,7 @@ class Bcast(_Reference):
             if out is not None:
                 part = _overlap(box, tbox)
                 if part is not None:
-                    out[_slices(tbox, part)] = buf[_slices(box, part)]
+                    out[sub_index(tbox, part)] = buf[sub_index(box, part)]
             del buf
         return out
 
@@ -532,7 +529,7 @@ class Raw(_Reference):
             if h == rank:
                 at = int(self.sdispls[q])
                 view = self.send[at:at + int(self.scounts[q])].view(c.dtype)
-                view.reshape(tuple(b - a for a, b in part))[...] = local[_slices(sbox, part)]
+                view.reshape(tuple(b - a for a, b in part))[...] = local[sub_index(sbox, part)]
         self.dtype, self.tbox = c.dtype, geo.tboxes[rank]
 
     def run(self):
@@ -548,7 +545,7 @@ class Raw(_Reference):
             if q == rank:
                 at = int(self.rdispls[h])
                 got = self.recv[at:at + _size(part) * self.dtype.itemsize].view(self.dtype)
-                if not np.array_equal(got, expected[_slices(self.tbox, part)].reshape(-1)):
+                if not np.array_equal(got, expected[sub_index(self.tbox, part)].reshape(-1)):
                     return False
         return True
 

@@ -98,14 +98,8 @@ class Row:
         return out
 
 
-def _uneven(case):
-    return any(n % math.prod(case.mesh[a] for a in axes)
-               for lay in (case.src, case.dst) for n, axes in zip(case.shape, lay.dims))
-
-
 def _make_plan(case, shared, strategy):
     """``(plan, None)`` or ``(None, why not)`` for one row of the table."""
-    ranks = math.prod(case.mesh.values())
     if strategy == "xla":
         if not shared or case.mesh != shared.mesh:
             return None, "XLA's plan exists only for the shared cases on their own mesh"

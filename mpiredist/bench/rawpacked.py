@@ -16,14 +16,10 @@ Partial sources are not covered (a reduction is no Alltoallv).
 
 import numpy as np
 
-from ..core.blocks import box_size
+from ..core.blocks import box_shape, box_size, sub_index
 from ..planning.exchange import holders_of, mesh_boxes, recv_pieces, send_pieces
 
 __all__ = ["RawPacked"]
-
-
-def _slices(box, sub):
-    return tuple(slice(x - a, y - a) for (a, _), (x, y) in zip(box, sub)) + (Ellipsis,)
 
 
 def _counts(pieces, size, me):
@@ -65,7 +61,7 @@ class RawPacked:
         for x in self.sends:
             if x.peer == self.rank:
                 continue
-            view = local[_slices(self.src_box, x.box)]
+            view = local[sub_index(self.src_box, x.box)]
             send[at:at + view.size].reshape(view.shape)[...] = view
             at += view.size
         recv = np.empty(int(self._rcount.sum()) // self.dtype.itemsize, self.dtype)
@@ -73,12 +69,12 @@ class RawPacked:
         self.comm.Alltoallv([send.view(np.uint8), (self._scount, _displs(self._scount)), byte],
                             [recv.view(np.uint8), (self._rcount, _displs(self._rcount)), byte])
         del send
-        out = np.empty(tuple(b - a for a, b in self.dst_box), self.dtype)
+        out = np.empty(box_shape(self.dst_box), self.dtype)
         at = 0
         for x in self.recvs:
-            view = out[_slices(self.dst_box, x.box)]
+            view = out[sub_index(self.dst_box, x.box)]
             if x.peer == self.rank:
-                view[...] = local[_slices(self.src_box, x.box)]
+                view[...] = local[sub_index(self.src_box, x.box)]
                 continue
             view[...] = recv[at:at + view.size].reshape(view.shape)
             at += view.size

@@ -7,7 +7,7 @@ the current stream is synchronised before every MPI call.
 
 import numpy as np
 
-__all__ = ["array_module", "is_gpu", "synchronize", "cupy_or_error"]
+__all__ = ["array_module", "is_gpu", "synchronize", "cupy_or_error", "c_contiguous"]
 
 
 def cupy_or_error():
@@ -30,6 +30,12 @@ def array_module(array):
     if is_gpu(array):
         return cupy_or_error()
     return np
+
+
+def c_contiguous(array):
+    """True if ``array`` (numpy or CuPy) is C-contiguous."""
+    flags = array.flags
+    return flags["C_CONTIGUOUS"] if hasattr(flags, "__getitem__") else flags.c_contiguous
 
 
 def synchronize(array):

@@ -21,7 +21,7 @@ import numpy as np
 from .subaxes import group_size
 
 __all__ = ["chunk", "interval", "aligned", "divides_evenly", "block_index", "local_shape",
-           "rank_block", "overlap", "box_size", "flat_range_boxes", "SLAB", "slabs", "slab_digit", "slab_index",
+           "rank_block", "overlap", "box_size", "box_shape", "sub_index", "flat_range_boxes", "SLAB", "slabs", "slab_digit", "slab_index",
            "slab_interval"]
 
 # Digit combinations per slab: int64 arrays of 32 KiB, so that a figure over
@@ -93,6 +93,16 @@ def overlap(a, b):
 def box_size(box):
     """Number of elements of a per-dim interval tuple."""
     return math.prod(hi - lo for lo, hi in box)
+
+
+def box_shape(box):
+    """The shape of a per-dim interval tuple."""
+    return tuple(hi - lo for lo, hi in box)
+
+
+def sub_index(box, sub):
+    """Index of the global box ``sub`` in a block holding ``box`` (a view, 0-d too)."""
+    return tuple(slice(x - a, y - a) for (a, _), (x, y) in zip(box, sub)) + (Ellipsis,)
 
 
 def flat_range_boxes(shape, start, stop):

@@ -22,7 +22,7 @@ MIB = 1 << 20
 # (measured: 240 KiB for c01 at 2 ranks, tracemalloc, tests/mpi/test_memory.py).
 MARGIN = 512 << 10
 
-__all__ = ["default_workspace", "Budget", "assess", "inplace_reason", "frame_shape",
+__all__ = ["default_workspace", "workspace_for", "Budget", "assess", "inplace_reason", "frame_shape",
            "buffer_bytes", "out_of_place_peak", "Choice", "choose", "in_place_plan",
            "contract_limit", "fresh_buffer_fits", "MARGIN"]
 
@@ -43,7 +43,12 @@ def fresh_buffer_fits(plan, workspace):
 
 def default_workspace(plan):
     """``max(S, T) // 4 + 1 MiB``: the default workspace budget W."""
-    return max(plan.src_local_bytes, plan.dst_local_bytes) // 4 + MIB
+    return workspace_for(max(plan.src_local_bytes, plan.dst_local_bytes))
+
+
+def workspace_for(max_block_bytes):
+    """The default W for blocks of at most ``max_block_bytes``: a quarter, plus 1 MiB."""
+    return max_block_bytes // 4 + MIB
 
 
 def inplace_reason(plan, step):

@@ -15,10 +15,10 @@ from ..core.blocks import box_size, overlap
 from ..core.errors import LayoutError, MeshError
 from ..core.layout import Layout
 from ..core.mesh import Mesh
-from .exchange import mesh_boxes, recv_pieces, rounds, segment_items, send_pieces, holders_of
+from .exchange import (exchange_workspace, holders_of, mesh_boxes, recv_pieces, rounds,
+                       segment_items, send_pieces)
 
-__all__ = ["refine", "rewrite", "route", "comm_size_of", "relabel", "CrossPlan", "cross_plan",
-           "default_workspace"]
+__all__ = ["refine", "rewrite", "route", "comm_size_of", "relabel", "CrossPlan", "cross_plan"]
 
 
 def _cuts(mesh):
@@ -122,11 +122,6 @@ def relabel(shape, src_mesh, src, dst_mesh, dst, comm_size):
     return Mesh(dst_mesh.axes, dst_mesh.comm, ranks)
 
 
-def default_workspace(max_block_bytes):
-    """W by default: a quarter of the largest block any rank holds, plus 1 MiB."""
-    return max_block_bytes // 4 + (1 << 20)
-
-
 @dataclass(frozen=True)
 class CrossPlan:
     """An exchange between two meshes: what moves, in how many rounds.
@@ -185,9 +180,7 @@ def cross_plan(shape, dtype, src_mesh, src, dst_mesh, dst, comm_size, workspace=
     sboxes = mesh_boxes(shape, src_mesh, src, comm_size, partial=True)
     tboxes = mesh_boxes(shape, dst_mesh, dst, comm_size)
     if workspace is None:
-        workspace = default_workspace(itemsize * max(
-            [box_size(b) for b in tboxes if b is not None] +
-            [box_size(e[0]) for e in sboxes if e is not None] + [0]))
+        workspace = exchange_workspace(sboxes, tboxes, itemsize)
     holders = holders_of(sboxes)
     sent, received, peers, largest = [], [], 1, 0
     for r in range(comm_size):

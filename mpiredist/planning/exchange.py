@@ -32,12 +32,14 @@ from collections import namedtuple
 
 import numpy as np
 
-from ..core.blocks import block_index, box_size, flat_range_boxes, interval, overlap, rank_block
+from ..core.blocks import (block_index, box_size, flat_range_boxes, interval, overlap,
+                           rank_block, sub_index)
 from ..core.layout import Layout
 from ..core.subaxes import expand, rank_digits
+from .budget import workspace_for
 
 __all__ = ["mesh_boxes", "Piece", "recv_pieces", "send_pieces", "segment_items", "rounds",
-           "contiguous", "buffered_peers", "plan_rounds",
+           "contiguous", "buffered_peers", "plan_rounds", "exchange_workspace",
            "segment_boxes", "simulate", "holders_of", "REDUCERS"]
 
 REDUCERS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
@@ -64,6 +66,13 @@ def mesh_boxes(shape, mesh, layout, comm_size, partial=False):
         box = rank_block(tuple(shape), sub, digits)
         out[rank] = (box, block_index(sub.partial, digits)) if partial else box
     return out
+
+
+def exchange_workspace(src, dst, itemsize):
+    """The default W of an exchange: that of its largest source or target block."""
+    most = max([box_size(e[0]) for e in src if e is not None and e[0] is not None] +
+               [box_size(b) for b in dst if b is not None] + [0])
+    return workspace_for(most * itemsize)
 
 
 def holders_of(src):
@@ -194,11 +203,6 @@ def segment_boxes(box, r, s):
             for sub in flat_range_boxes(shape, lo, hi)]
 
 
-def _view(block, box, sub):
-    """``block`` (holding global ``box``) at global sub-box ``sub``."""
-    return block[tuple(slice(x - a, y - a) for (a, _), (x, y) in zip(box, sub)) + (Ellipsis,)]
-
-
 def simulate(array, src, dst, op="sum", budget=1 << 20, itemsize=None):
     """Every rank's target block, moving ``array``'s source blocks by the rounds above.
 
@@ -239,7 +243,7 @@ def _apply(block, box, pieces, arrays, r, s, reducer, q):
     for x in pieces:
         for sub in segment_boxes(x.box, r, box_size(x.box) if x.direct else s):
             value = arrays[x.cls][tuple(slice(a, b) for a, b in sub)]
-            target = _view(block, box, sub)
+            target = block[sub_index(box, sub)]
             if sub in first:
                 reducer(target, value, out=target)
             else:

@@ -12,6 +12,7 @@ releases its MPI datatypes; it never communicates.
 import math
 from dataclasses import dataclass
 
+from ..core.backend import c_contiguous
 from ..core.blocks import overlap, rank_block
 from ..core.subaxes import rank_digits
 from ..planning.routing import exchange_recvs, exchange_sends, member_digits
@@ -197,10 +198,6 @@ class Context:
             self.elem.Free()
             self.elem = None
         self._routes.clear()
-
-
-def c_contiguous(a):
-    return a.flags["C_CONTIGUOUS"] if hasattr(a.flags, "__getitem__") else a.flags.c_contiguous
 
 
 def _group_pieces(plan, step, rank):

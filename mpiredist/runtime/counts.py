@@ -98,7 +98,7 @@ def reduce_scatter(ctx, comm, packed, counts, out, op, in_place=False):
     elements ``[k*w, (k+1)*w)`` of ``out``, which lie at or before slice
     ``k`` of every part, already copied out by this or an earlier round.
     """
-    MPI, typed, me = ctx.MPI, ctx.typed(), comm.Get_rank()
+    MPI, typed = ctx.MPI, ctx.typed()
     total, step = sum(counts), reduce_limit(ctx)
     if total <= step:
         if in_place:
@@ -125,7 +125,7 @@ def reduce_scatter_parts(ctx, comm, parts, out, op):
     """
     from .packing import _index, parts as cut
 
-    MPI, typed, me, g = ctx.MPI, ctx.typed(), comm.Get_rank(), len(parts)
+    typed, me, g = ctx.typed(), comm.Get_rank(), len(parts)
     width = max(1, reduce_limit(ctx) // g)
     boxes = [cut(tuple(p.shape), width) for p in parts]
     rounds = max(len(b) for b in boxes)

@@ -14,13 +14,14 @@ communicator calls it) and picks the route from them alone:
 
 import numpy as np
 
-from ..core.backend import array_module
-from ..core.blocks import box_size
+from ..core.backend import array_module, c_contiguous
+from ..core.blocks import box_shape
 from ..core.errors import MeshError, ShapeError
 from ..core.mesh import Mesh
 from ..planning import planner
-from ..planning.crossmesh import cross_plan, default_workspace, relabel, route
-from ..planning.exchange import holders_of, mesh_boxes, recv_pieces, send_pieces
+from ..planning.crossmesh import cross_plan, relabel, route
+from ..planning.exchange import (exchange_workspace, holders_of, mesh_boxes, recv_pieces,
+                                 send_pieces)
 from .agree import agree_flags, check_together
 from .comm import base_comm, mpi
 from .donation import check_block, check_out
@@ -123,21 +124,18 @@ class CrossExchange:
         self.src, self.dst, self.comm_size = src, dst, size
         sboxes = mesh_boxes(shape, mesh, src, size, partial=True)
         tboxes = mesh_boxes(shape, dst_mesh, dst, size)
-        if workspace is None:
-            workspace = default_workspace(dtype.itemsize * max(
-                [box_size(b) for b in tboxes if b is not None] +
-                [box_size(e[0]) for e in sboxes if e is not None] + [0]))
-        self.workspace = workspace
+        self.workspace = exchange_workspace(sboxes, tboxes, dtype.itemsize) \
+            if workspace is None else workspace
         holders = holders_of(sboxes)
         mine = sboxes[rank]
         self.src_box = None if mine is None else mine[0]
         self.dst_box = tboxes[rank]
-        self.source_shape = None if mine is None else _shape(self.src_box)
-        self.target_shape = None if self.dst_box is None else _shape(self.dst_box)
+        self.source_shape = None if mine is None else box_shape(self.src_box)
+        self.target_shape = None if self.dst_box is None else box_shape(self.dst_box)
         self.rank = rank
         self._exchange = Exchange(comm, dtype, self.src_box, self.dst_box,
                                   send_pieces(rank, sboxes, tboxes, holders),
-                                  recv_pieces(rank, sboxes, tboxes, holders), workspace, src.op)
+                                  recv_pieces(rank, sboxes, tboxes, holders), self.workspace, src.op)
         self._comm = comm
 
     @property
@@ -177,7 +175,7 @@ class CrossExchange:
             except ValueError as exc:
                 error = exc
             agree_flags(self._comm, "Transfer.run", error)
-        if local is not None and not _c_contiguous(local):
+        if local is not None and not c_contiguous(local):
             local = array_module(local).ascontiguousarray(local)   # one block more (docs)
         if out is None and self.target_shape is not None:
             xp = np if local is None else array_module(local)
@@ -197,10 +195,4 @@ class CrossExchange:
         self._exchange.free()
 
 
-def _c_contiguous(array):
-    flags = array.flags
-    return flags["C_CONTIGUOUS"] if hasattr(flags, "__getitem__") else flags.c_contiguous
 
-
-def _shape(box):
-    return tuple(hi - lo for lo, hi in box)

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..core.backend import is_gpu
+from ..core.backend import c_contiguous, is_gpu
 from ..core.errors import ShapeError
 
 __all__ = ["references", "local_references", "resize_in_place", "Donation", "judge_donation", "check_block", "check_out", "array_kind"]
@@ -173,9 +173,7 @@ def check_out(out, local, shape, dtype, rank):
     if local is not None and array_kind(out) != array_kind(local):
         raise ShapeError(f"rank {rank}: out is a {array_kind(out)} array but the block is "
                          f"a {array_kind(local)} array")
-    flags = out.flags
-    contiguous = flags["C_CONTIGUOUS"] if hasattr(flags, "__getitem__") else flags.c_contiguous
-    if not contiguous:
+    if not c_contiguous(out):
         raise ShapeError(f"rank {rank}: out must be C-contiguous")
     if isinstance(out, np.ndarray) and not out.flags.writeable:
         raise ShapeError(f"rank {rank}: out is read-only")

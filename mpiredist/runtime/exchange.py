@@ -16,7 +16,7 @@ Memory: the target block, plus at most ``W // 2`` for each buffer.
 import numpy as np
 
 from ..core.backend import array_module, synchronize
-from ..core.blocks import box_size
+from ..core.blocks import box_size, sub_index
 from ..planning.exchange import REDUCERS, plan_rounds, rounds, segment_boxes, segment_items
 from .comm import mpi
 from .counts import count_limit
@@ -24,11 +24,6 @@ from .counts import count_limit
 __all__ = ["Exchange"]
 
 TAG = 7
-
-
-def _slices(box, sub):
-    """Index of global ``sub`` in a block holding ``box`` (always a view, 0-d too)."""
-    return tuple(slice(x - a, y - a) for (a, _), (x, y) in zip(box, sub)) + (Ellipsis,)
 
 
 class Exchange:
@@ -163,7 +158,7 @@ class Exchange:
     def _direct(self, block, box, piece, r):
         """The block's memory of segment ``r`` of ``piece`` if the piece is one
         contiguous stretch of the block, else None (pack it)."""
-        view = block[_slices(box, piece.box)]
+        view = block[sub_index(box, piece.box)]
         if not view.flags.c_contiguous:
             if piece.direct:
                 raise AssertionError("a direct piece of a non-contiguous block: the "
@@ -178,7 +173,7 @@ class Exchange:
     def _pack(self, block, subs, flat):
         at = 0
         for sub in subs:
-            view = block[_slices(self.src_box, sub)]
+            view = block[sub_index(self.src_box, sub)]
             flat[at:at + view.size].reshape(view.shape)[...] = view
             at += view.size
 
@@ -190,7 +185,7 @@ class Exchange:
             if not subs:
                 continue
             if x.peer == self.rank:
-                values = [local[_slices(self.src_box, b)] for b in subs]
+                values = [local[sub_index(self.src_box, b)] for b in subs]
             elif direct.get(i) is None:
                 done.update(subs)
                 continue
@@ -201,7 +196,7 @@ class Exchange:
                     values.append(recvbuf[at:at + n].reshape(tuple(y - x for x, y in b)))
                     at += n
             for b, value in zip(subs, values):
-                target = out[_slices(self.dst_box, b)]
+                target = out[sub_index(self.dst_box, b)]
                 if b in done:
                     self.reduce(target, value, out=target)
                 else:

@@ -34,12 +34,12 @@ import time
 
 import numpy as np
 
-from ..core.backend import array_module, synchronize
+from ..core.backend import array_module, c_contiguous, synchronize
 from ..core.blocks import rank_block
 from ..core.errors import CommunicationError
 from ..planning.budget import MARGIN, assess
 from ..planning.routing import member_digits, permute_dest, permute_source
-from .context import Context, Region, StepRecord, c_contiguous, relative, volume
+from .context import Context, Region, StepRecord, relative, volume
 from .counts import allreduce, message, reduce_limit, reduce_scatter_parts, unit
 from .packing import exchange_peers, group_sides, move, one_call
 

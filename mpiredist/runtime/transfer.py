@@ -31,7 +31,7 @@ import warnings
 import numpy as np
 
 from ..core.backend import array_module
-from ..core.blocks import rank_block
+from ..core.blocks import box_shape, rank_block
 from ..core.errors import BudgetWarning, DonationWarning, PlanError, ShapeError
 from ..core.subaxes import expand, rank_digits
 from ..planning import planner
@@ -184,8 +184,8 @@ class Transfer:
         rank = self._mc.rank
         digits = rank_digits(mesh, rank)
         shape = plan.global_shape
-        self.source_shape = _shape(rank_block(shape, expand(plan.src, mesh), digits))
-        self.target_shape = _shape(rank_block(shape, expand(plan.dst, mesh), digits))
+        self.source_shape = box_shape(rank_block(shape, expand(plan.src, mesh), digits))
+        self.target_shape = box_shape(rank_block(shape, expand(plan.dst, mesh), digits))
         kept = choose(plan, False, self._workspace, False, _replanner(plan))
         if one_buffer and not kept.inplace:
             kept = Choice(*in_place_plan(plan, assess(plan, False, self._workspace), False,
@@ -457,6 +457,3 @@ def check_workspace(value, rank=None):
         raise ShapeError(f"{where}workspace_bytes must be non-negative, found {w}")
     return w
 
-
-def _shape(box):
-    return tuple(hi - lo for lo, hi in box)

@@ -16,7 +16,7 @@ from ..core.blocks import rank_block
 from ..planning.budget import (MARGIN, buffer_bytes, contract_limit, frame_shape,
                                fresh_buffer_fits)
 from .context import Region, StepRecord
-from .executor import after_slice, run_step
+from .executor import run_step
 from .inplace import compact
 
 __all__ = ["WorkBuffer", "can_resize"]

@@ -368,9 +368,19 @@ def _plans(entry, strategies, dtype):
 
 
 def _agree(comm, names):
-    """The strategies every rank can run (plans are deterministic; insurance)."""
-    everyone = comm.allgather(tuple(names))
-    return [n for n in names if all(n in other for other in everyone)]
+    """The strategies every rank can run (plans are deterministic; insurance).
+
+    Raises MismatchError on every rank if ranks plan under different machine
+    profiles (their plans, and so their MPI calls, would differ).
+    """
+    from ..core.errors import MismatchError
+    from ..planning.profile import current
+
+    everyone = comm.allgather((tuple(names), current().key))
+    if len({key for _, key in everyone}) > 1:
+        raise MismatchError("ranks plan under different machine profiles "
+                            "(MPIREDIST_PROFILE or the calibrate file differ)")
+    return [n for n in names if all(n in other for other, _ in everyone)]
 
 
 def _same(out, expected):

@@ -46,6 +46,14 @@ class Profile:
     source: str = field(default="built-in default", compare=False)
     meta: tuple = field(default=(), compare=False)
 
+    @property
+    def key(self):
+        """A short digest of the figures: ranks must plan under the same profile."""
+        import hashlib
+        text = repr((self.alpha, self.default_beta, self.beta, self.pack_rate,
+                     self.datatype_rate, self.memory_bandwidth))
+        return hashlib.sha1(text.encode()).hexdigest()[:12]
+
     def beta_for(self, op, group):
         """Bytes per second of ``op`` on ``group`` ranks (module docstring)."""
         sizes = sorted((g, b) for o, g, b in self.beta if o == op)

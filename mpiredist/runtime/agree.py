@@ -13,6 +13,7 @@ import hashlib
 
 from ..core.errors import MismatchError, RemoteError, ShapeError
 from ..core.mesh import Mesh
+from ..planning import profile as profiles
 from .comm import base_comm, mpi
 
 __all__ = ["raise_together", "fingerprint", "agree_on", "agree_flags", "check_together"]
@@ -98,7 +99,8 @@ def check_together(what, mesh, body, every=None):
     Any problem on any rank -- a bad mesh, a ValueError from validation, or
     an argument of the wrong type -- raises on every rank (one small
     collective), so that no rank is left waiting in a later collective;
-    ``values`` must be equal on every rank.  ``every``, if given, is a
+    ``values`` must be equal on every rank, and so must the planner's
+    machine profile (:func:`mpiredist.planning.profile.current`).  ``every``, if given, is a
     callable ``result -> dict of bool`` whose AND over ranks comes back; it
     gets ``None`` on a rank whose ``body`` failed and must return the same
     keys then.
@@ -114,6 +116,9 @@ def check_together(what, mesh, body, every=None):
     result, values, error = None, {}, None
     try:
         result, values = body(mesh, rank)
+        # Plans depend on the machine profile: a rank that read another file
+        # (or none) would run other MPI calls; disagreeing raises instead.
+        values = dict(values, profile=profiles.current().key)
     except ValueError as exc:
         error = exc
     except (TypeError, AttributeError) as exc:

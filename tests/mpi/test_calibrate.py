@@ -36,3 +36,27 @@ def test_calibrate_writes_a_complete_profile(comm, monkeypatch):
         p = mr.plan((64, 64), "float32", {"x": comm.size}, "[{x},{}]", "[{},{x}]")
         all_ok(comm, p.peak_local_bytes <= max(p.src_local_bytes, p.dst_local_bytes),
                "a plan under the measured profile keeps the bound")
+
+
+def test_ranks_with_different_profiles_raise_together(comm, monkeypatch, tmp_path):
+    """A rank that plans under another profile would run other MPI calls: every
+    rank raises MismatchError instead (no rank waits in a collective)."""
+    from helpers import need_ranks
+    need_ranks(comm, 2)
+    if comm.rank == 0:
+        path = tmp_path / "other.json"
+        path.write_text(json.dumps({"alpha": 1.0, "beta": {"exchange": {"1": 1e9}},
+                                    "pack_rate": 1e9, "datatype_rate": 1e9}))
+        monkeypatch.setenv(profiles.ENV, str(path))
+    else:
+        monkeypatch.delenv(profiles.ENV, raising=False)
+    try:
+        mr.Transfer((64, 64), "float32", {"x": comm.size}, "[{x},{}]", "[{},{x}]")
+    except mr.MismatchError as exc:
+        got = str(exc)
+    else:
+        got = None
+    all_ok(comm, got is not None and "profile" in got, f"every rank raises, this one: {got}")
+    monkeypatch.delenv(profiles.ENV, raising=False)
+    t = mr.Transfer((64, 64), "float32", {"x": comm.size}, "[{x},{}]", "[{},{x}]")
+    t.free()                                    # agreed again: usable afterwards

@@ -130,12 +130,13 @@ class Context:
         return self._routes[key]
 
     def exchange_sides(self, index, whole):
-        """How many sides of exchange ``index`` pack (judged on rank 0, see packing)."""
+        """``(send, recv)``: whether exchange ``index`` packs its sends, its
+        receives (judged on rank 0, see packing)."""
         key = ("sides", index)
         if key not in self._routes:
             self._routes[key] = rank0_sides(self.plan, self.plan.steps[index])
         send, recv = self._routes[key]
-        return int(send or not whole) + int(recv)
+        return bool(send or not whole), bool(recv)
 
     # ---------------------------------------------------------- datatypes
 

@@ -41,7 +41,7 @@ from ..planning.budget import MARGIN, assess
 from ..planning.routing import member_digits, permute_dest, permute_source
 from .context import Context, Region, StepRecord, relative, volume
 from .counts import allreduce, message, reduce_limit, reduce_scatter_parts, unit
-from .packing import exchange_peers, group_sides, move, one_call
+from .packing import group_sides, move, one_call
 
 __all__ = ["execute", "run_steps", "run_step", "after_slice", "mpi_op", "Region", "StepRecord"]
 
@@ -168,7 +168,7 @@ def _group_move(ctx, index, region, into):
     if step.op == "all_gather" and _gather_is_concat(step):
         _allgatherv(ctx, comm, region, out, pieces_in)
     else:
-        move(ctx, comm, region, out, pieces_out, pieces_in, comm.Get_size() - 1,
+        move(ctx, comm, region, out, pieces_out, pieces_in,
              group_sides(step, not ctx.sliced), one_call(ctx, step))
     return out, sent * ctx.itemsize
 
@@ -300,7 +300,7 @@ def _exchange(ctx, index, region, into):
     out = Region(_empty(ctx, _block(ctx, step.after, mc.digits), into))
     pieces_out, pieces_in = ctx.exchange_pieces(index)
     sent = sum(math.prod(s) for r, (_, s) in pieces_out.items() if r != mc.rank)
-    move(ctx, mc.comm, region, out, pieces_out, pieces_in, exchange_peers(ctx.plan, step),
+    move(ctx, mc.comm, region, out, pieces_out, pieces_in,
          ctx.exchange_sides(index, not ctx.sliced), one_call(ctx, step))
     return out, sent * ctx.itemsize
 

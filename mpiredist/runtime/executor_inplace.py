@@ -13,12 +13,13 @@ all_gather     expand own block to its slot, ``Allgather(v)(MPI_IN_PLACE)``
                resized vector datatype)
 all_to_all     block transpose that makes each member's piece one slot
                (before the swap if the split dim is the inner one, after it
-               otherwise), slots swapped pairwise with ``Sendrecv`` in parts
-               through a staging buffer of at most half the workspace
+               otherwise), slots swapped pairwise in parts, pipelined
+               through rings of at most half the workspace
 reduce_scatter block transpose if the dim is not outermost, then
                ``Reduce_scatter(MPI_IN_PLACE)``
 all_reduce     ``Allreduce(MPI_IN_PLACE)``
-permute        ``Sendrecv`` in chunks through a workspace-sized buffer
+permute        ``Sendrecv`` when both blocks fit the buffer, else parts
+               pipelined through a ring of half the workspace
 exchange       not in place: an extra output buffer (the budget says so)
 ============== ==========================================================
 
@@ -36,7 +37,7 @@ import numpy as np
 from ..core.errors import CommunicationError
 from ..planning.budget import frame_shape, inplace_reason
 from ..planning.routing import member_digits, permute_dest, permute_source
-from . import packing
+from . import packing, pipeline
 from .context import Region, StepRecord, relative
 from .counts import allreduce, message, reduce_scatter, unit
 from .executor import mpi_op, run_step
@@ -239,34 +240,39 @@ def _swap(run, comm, a, length):
     """In-place all-to-all of the slots of the front ``(a, g, length)`` bytes.
 
     Slot ``m`` (``[:, m, :]``) goes to member ``m`` and is replaced by what
-    ``m`` sends.  Pairwise: in round ``k`` this member swaps with
-    ``(k - me) mod g`` (a symmetric pairing, every pair once), in parts that
-    fit the staging buffer; a part is copied out before its place is
-    received into, straight when it is contiguous (``a == 1``).  Unlike
-    ``MPI_IN_PLACE`` collectives, all the memory used is visible and bounded.
+    ``m`` sends.  Pairwise: this member swaps with ``(k - me) mod g`` at
+    place k of the order (a symmetric pairing, every pair once), in parts,
+    pipelined (:func:`mpiredist.runtime.pipeline.run`, ``paired``): a part is
+    packed into the send ring before its place is received into, straight
+    when it is contiguous (``a == 1``), else through the receive ring.
+    Unlike ``MPI_IN_PLACE`` collectives, all the memory used is visible and
+    bounded: the rings take at most ``run.chunk`` bytes.
     """
     g, me = comm.Get_size(), comm.Get_rank()
     slots = run.buf[:a * g * length].reshape(a, g, length)
     halves = 1 if a == 1 else 2                     # strided slots also unpack
-    limit = max(1, min(run.chunk // halves, run.ctx.count_limit))
-    cut = packing.parts((a, length), limit)
-    stage = np.empty(min(run.chunk, halves * a * length), dtype=np.uint8)
-    B = run.MPI.BYTE
+    share = run.chunk // halves
+    cut = packing.parts((a, length), _part_bytes(run, share))
+    sends, recvs = [], []
     for k in range(g):
         p = (k - me) % g
         if p == me:
             continue
         for (a0, l0), (na, nl) in cut:
             part = slots[a0:a0 + na, p, l0:l0 + nl]
-            n = na * nl
-            out = stage[:n]
-            out.reshape(na, nl)[...] = part
-            if a == 1:
-                comm.Sendrecv([out, n, B], p, recvbuf=[part, n, B], source=p)
-            else:
-                back = stage[n:2 * n]
-                comm.Sendrecv([out, n, B], p, recvbuf=[back, n, B], source=p)
-                part[...] = back.reshape(na, nl)
+            sends.append(pipeline.Part(p, view=part))
+            recvs.append(pipeline.Part(p, spec=[part, na * nl, run.MPI.BYTE]) if a == 1
+                         else pipeline.Part(p, view=part))
+    total = (g - 1) * a * length
+    room = min(share, total)
+    pipeline.run(run.MPI, comm, sends, recvs, np.empty(room, np.uint8),
+                 np.empty(room, np.uint8) if a > 1 else None, paired=True)
+
+
+def _part_bytes(run, share):
+    """Bytes per part for rings of ``share`` bytes (agreed: from the workspace)."""
+    depth = packing.DEPTH if share // packing.DEPTH >= packing.MIN_PART else 1
+    return max(1, min(share // depth, run.ctx.count_limit))
 
 
 def _reduce_scatter(run, step):
@@ -313,9 +319,11 @@ def _permute(run, step):
     one message and rounds comes from the plan: straight into free space of
     the buffer when the largest blocks before and after fit beside each
     other in a buffer whose size is the same on every rank (not a donated
-    block's own memory, whose size differs); otherwise in rounds of at most half the workspace,
-    each received through a staging buffer and copied to the front (it never
-    overwrites data not yet sent: the block starts at or after the front).
+    block's own memory, whose size differs); otherwise in parts, pipelined
+    through a send ring of at most half the workspace: part k is packed
+    into the ring, then part k of the incoming block is received straight
+    into the front (it overwrites only what parts 0..k held: the block
+    starts at or after the front).
     """
     mc, plan = run.mc, run.plan
     dest = permute_dest(plan.mesh, step.before, step.after, mc.digits)
@@ -333,15 +341,16 @@ def _permute(run, step):
                          recvbuf=message(run.ctx, run.buf, recv, send), source=source)
         run.offset, run.shape = send, out
         return send if dest != mc.rank else 0
-    o, chunk = run.offset, min(run.chunk, run.ctx.count_limit)
+    o, chunk = run.offset, _part_bytes(run, run.chunk)
     rounds = -(-math.prod(step.local_shape_before) * run.itemsize // chunk)
-    staging = np.empty(min(chunk, max(send, recv, 1)), dtype=np.uint8)
-    for k in range(rounds):
+    sends, recvs = [], []
+    for k in range(rounds):       # receive k overwrites only what sends 0..k read
         lo = k * chunk
         ns, nr = max(0, min(chunk, send - lo)), max(0, min(chunk, recv - lo))
-        mc.comm.Sendrecv([run.buf[o + lo:o + lo + ns], ns, B], dest,
-                         recvbuf=[staging, nr, B], source=source)
-        run.buf[lo:lo + nr] = staging[:nr]
+        sends.append(pipeline.Part(dest, view=run.buf[o + lo:o + lo + ns]))
+        recvs.append(pipeline.Part(source, spec=[run.buf[lo:lo + nr], nr, B]))
+    pipeline.run(run.MPI, mc.comm, sends, recvs,
+                 np.empty(min(run.chunk, max(send, 1)), np.uint8), None, paired=True)
     run.offset, run.shape = 0, out
     return send if dest != mc.rank else 0
 

@@ -1,4 +1,4 @@
-"""Moving pieces between ranks as contiguous bytes, in rounds within the budget.
+"""Moving pieces between ranks as contiguous bytes, pipelined within the budget.
 
 MPICH moves derived datatypes several times slower than the same bytes in a
 contiguous buffer (measured at 8 ranks, 8 MiB blocks, c13: Alltoallw with
@@ -7,7 +7,8 @@ subarray types 170 ms, this module 19 ms, a bare Alltoall 10 ms).  So
 straight from it, packs the others with numpy into one buffer of at most
 ``ctx.slack`` bytes (what the memory budget leaves, see
 :mod:`mpiredist.planning.budget`), and cuts pieces into parts (:func:`parts`) so that
-a round of parts fits that buffer.  The executor uses it for every
+several parts fit that buffer, packed while earlier ones travel
+(:mod:`mpiredist.runtime.pipeline`).  The executor uses it for every
 all-to-all, for all-gathers whose blocks do not lie one after another in
 the output, and for exchanges.
 
@@ -21,20 +22,20 @@ import math
 
 from ..core.backend import synchronize
 from ..core.blocks import divides_evenly, rank_block
-from ..planning.costs import most_met
+from . import pipeline
 from ..planning.routing import exchange_recvs, exchange_sends
 from ..core.subaxes import rank_digits
 
-__all__ = ["move", "one_call", "parts", "part_limit", "group_sides", "rank0_sides", "exchange_peers",
+__all__ = ["move", "one_call", "parts", "part_limit", "group_sides", "rank0_sides",
            "contiguous_box", "flat_offset", "MIN_PART"]
 
 
 MIN_PART = 4096     # bytes: smaller parts cost more in latency than packing saves
+DEPTH = 2           # packed parts in flight per side, when parts stay over MIN_PART
 # Blocks up to this size may go in one Alltoallv (:func:`one_call`): where a
 # message costs more than moving its bytes.  Measured at 8 ranks on 2 cores,
 # 4 KiB blocks: rounds of Isend/Irecv 1.3 ms, one Alltoallv 0.8 ms.
 ONE_CALL_MAX = 256 << 10
-_TAG = 0x6d72       # "mr": one tag for every part; order within a pair is MPI's
 
 
 def parts(shape, limit):
@@ -65,23 +66,30 @@ def parts(shape, limit):
     return out
 
 
-def part_limit(ctx, peers, sides):
-    """Elements per part: a round's packed parts (``sides`` of 0, 1 or 2:
-    how many of send and receive need packing) fill the slack.
+def part_limit(ctx, sides):
+    """Elements per part, from the plan and the budget alone (every rank
+    computes the same): ``sides`` is ``(send, recv)``, whether the sends and
+    the receives of the move pack (:func:`group_sides`, :func:`rank0_sides`).
 
-    No limit (one round, unpacked parts as datatypes) when nothing needs
-    packing or when the slack cannot hold parts of ``MIN_PART`` bytes: a
-    round costs a latency, a datatype only bandwidth.  Depends only on the
-    plan and the budget, so every rank computes the same.
+    The slack is shared by the packing sides; a part is a ``DEPTH``-th of
+    its side's share, so that several parts are in flight while the next is
+    packed, or the whole share if that part would be under ``MIN_PART``
+    bytes.  No limit (parts that do not fit go as datatypes) when nothing
+    packs or the share itself is under ``MIN_PART``.
     """
-    share = ctx.slack // (sides * max(1, peers)) if sides else 0
-    if share < MIN_PART:
+    packing = sum(map(bool, sides))
+    if not packing:
         return math.inf
-    return share // ctx.itemsize
+    share = ctx.slack // packing // ctx.itemsize
+    for depth in (DEPTH, 1):
+        if share // depth * ctx.itemsize >= MIN_PART:
+            return share // depth
+    return math.inf
 
 
 def group_sides(step, whole):
-    """How many sides of a group move pack: 0, 1 or 2 (from the plan alone).
+    """``(send, recv)``: whether a group move packs its sends, its receives
+    (from the plan alone).
 
     A send piece is contiguous when the source block is ``whole`` (not a
     slice of a larger one) and every dim before the split one has length at
@@ -92,7 +100,7 @@ def group_sides(step, whole):
     i, j = (step.dims[0], step.dims[0]) if step.op == "all_gather" else step.dims
     send = step.op == "all_to_all" and any(n > 1 for n in step.local_shape_before[:j])
     recv = any(n > 1 for n in step.local_shape_after[:i])
-    return int(send or not whole) + int(recv)
+    return bool(send or not whole), bool(recv)
 
 
 def one_call(ctx, step):
@@ -117,16 +125,17 @@ def one_call(ctx, step):
     return "even" if even else "v"
 
 
-def move(ctx, comm, region, out, pieces_out, pieces_in, peers, sides=2, collective=False):
+def move(ctx, comm, region, out, pieces_out, pieces_in, sides=(True, True), collective=False):
     """Send ``pieces_out[p]`` (boxes relative to ``region``) to every peer p and
     receive ``pieces_in[p]`` into ``out``; this rank's own piece is copied.
 
-    Each piece goes in parts of :func:`part_limit` elements, one part per
-    round of non-blocking sends and receives (round r carries part r of
-    every piece, so rounds cannot deadlock).  A part that is one contiguous
-    run of its array is sent from or received into it directly; any other
-    is packed into, or unpacked from, one buffer of at most ``ctx.slack``
-    bytes; a part that does not fit goes as a subarray datatype.
+    Each piece goes in parts of :func:`part_limit` elements, through
+    :func:`mpiredist.runtime.pipeline.run`: part r of the piece for the
+    peer k ranks on goes at place ``(r, k)`` of the sequence, at both ends.
+    A part that is one contiguous run of its array is sent from or received
+    into it directly; any other is packed into, or unpacked from, a ring of
+    the pack buffer (at most ``ctx.slack`` bytes for both sides); a part
+    larger than its ring goes as a subarray datatype.
     """
     me = comm.Get_rank()
     if me in pieces_out and me in pieces_in:
@@ -138,35 +147,76 @@ def move(ctx, comm, region, out, pieces_out, pieces_in, peers, sides=2, collecti
         _alltoallv(ctx, comm, region, out, pieces_out, pieces_in)
         return
     # parts within the pack room, and no message beyond the MPI count limit
-    limit = min(part_limit(ctx, peers, sides), ctx.count_limit // ctx.itemsize)
+    limit = min(part_limit(ctx, sides), ctx.count_limit // ctx.itemsize)
     n = comm.Get_size()
-    order = [(me + k) % n for k in range(1, n)]          # spread the load over peers
-    sends = [(p, pieces_out[p], parts(pieces_out[p][1], limit)) for p in order
-             if p in pieces_out and math.prod(pieces_out[p][1])]
-    recvs = [(p, pieces_in[p], parts(pieces_in[p][1], limit)) for p in reversed(order)
-             if p in pieces_in and math.prod(pieces_in[p][1])]
-    rounds = max((len(ps) for _, _, ps in sends + recvs), default=0)
-    first = sum(math.prod(ps[0][1]) for _, _, ps in sends + recvs)   # the largest round
-    staging = _Staging(ctx, min(first, ctx.slack // ctx.itemsize))
-    for r in range(rounds):
-        staging.reset()
-        requests, unpack = [], []
-        for p, piece, ps in recvs:
-            if r < len(ps):
-                spec, later = staging.recv_spec(out, _shift(piece, ps[r]))
-                requests.append(comm.Irecv(spec, p, _TAG))
-                if later is not None:
-                    unpack.append(later)
-        synchronize(region.base)
-        for p, piece, ps in sends:
-            if r < len(ps):
-                requests.append(comm.Isend(staging.send_spec(region, _shift(piece, ps[r])),
-                                           p, _TAG))
-        ctx.MPI.Request.Waitall(requests)
-        for view, packed in unpack:
-            view[...] = packed
-        if unpack:
-            synchronize(out.base)       # a GPU unpack must end before the buffer is reused
+    sends = _sequence(pieces_out, [(me + k) % n for k in range(1, n)], limit)
+    recvs = _sequence(pieces_in, [(me - k) % n for k in range(1, n)], limit)
+    send_room, recv_room = _rooms(ctx, sides, region, out, sends, recvs)
+    send_buffer, recv_buffer = _buffers(ctx, send_room, recv_room)
+    synchronize(region.base)
+    pipeline.run(ctx.MPI, comm,
+                 [_part(ctx, p, region, box, send_room) for p, box in sends],
+                 [_part(ctx, p, out, box, recv_room) for p, box in recvs],
+                 send_buffer, recv_buffer)
+
+
+def _sequence(pieces, peers, limit):
+    """``(peer, box)`` of every part: part r for ``peers[k]`` at place (r, k).
+
+    ``peers[k]`` is the peer k + 1 ranks on (sends) or back (receives), so
+    both ends of a message give it the same place, and any two messages the
+    same order: the pipeline's condition for progress.
+    """
+    cut = [(k, p, pieces[p], parts(pieces[p][1], limit)) for k, p in enumerate(peers)
+           if p in pieces and math.prod(pieces[p][1])]
+    keyed = [(r, k, p, _shift(piece, part)) for k, p, piece, ps in cut
+             for r, part in enumerate(ps)]
+    keyed.sort(key=lambda item: item[:2])
+    return [(p, box) for _, _, p, box in keyed]
+
+
+def _rooms(ctx, sides, region, out, sends, recvs):
+    """Ring sizes in elements: the slack shared by the sides that pack here
+    (a side the plan says is contiguous packs only where it guessed wrong),
+    each no larger than what its side packs."""
+    need = [sum(math.prod(box[1]) for _, box in seq if _direct(ctx, where, box) is None)
+            for seq, where in ((sends, region), (recvs, out))]
+    packing = [bool(n) for n in need]
+    if not any(packing):
+        return 0, 0
+    share = ctx.slack // ctx.itemsize // sum(packing)
+    return tuple(min(share, n) for n in need)
+
+
+def _buffers(ctx, send_room, recv_room):
+    if not send_room + recv_room:
+        return None, None
+    both = ctx.scratch(send_room + recv_room)
+    return (both[:send_room] if send_room else None,
+            both[send_room:] if recv_room else None)
+
+
+def _part(ctx, peer, region, box, room):
+    """A :class:`pipeline.Part` for ``box`` of ``region``: straight bytes, a
+    view to pack through the ring, or a datatype when it does not fit."""
+    spec = _direct(ctx, region, box)
+    if spec is not None:
+        return pipeline.Part(peer, spec=spec)
+    if math.prod(box[1]) <= room:
+        return pipeline.Part(peer, view=region.view()[_index(box)])
+    count, t = ctx.subarray(region, box)
+    return pipeline.Part(peer, spec=[region.base, count, t])
+
+
+def _direct(ctx, region, box):
+    """The bytes of ``box`` in ``region``'s base when they are one run, else None."""
+    rel, shape = box
+    starts = [a + b for a, b in zip(region.starts, rel)]
+    full = region.base.shape
+    if not math.prod(shape) or not contiguous_box(full, starts, shape):
+        return None
+    offset = flat_offset(full, starts) * ctx.itemsize
+    return [region.base, (math.prod(shape) * ctx.itemsize, offset), ctx.MPI.BYTE]
 
 
 def _alltoallv(ctx, comm, region, out, pieces_out, pieces_in):
@@ -236,59 +286,6 @@ def _shift(piece, part):
     return tuple(a + b for a, b in zip(piece[0], part[0])), part[1]
 
 
-class _Staging:
-    """Where a round's parts go: straight in memory, packed, or a datatype."""
-
-    def __init__(self, ctx, room):
-        self.ctx = ctx
-        self.room = room            # elements of pack buffer, allocated on first use
-        self.buffer = None
-        self.used = 0
-
-    def reset(self):
-        self.used = 0
-
-    def _take(self, count):
-        """``count`` elements of the pack buffer, or None if they do not fit."""
-        if self.used + count > self.room:
-            return None
-        if self.buffer is None:
-            self.buffer = self.ctx.scratch(self.room)
-        view = self.buffer[self.used:self.used + count]
-        self.used += count
-        return view
-
-    def _direct(self, region, box):
-        count, offset, t = self.ctx.piece(region, box)
-        if t is self.ctx.MPI.BYTE:
-            return [region.base, (count, offset), t]
-        return None
-
-    def send_spec(self, region, box):
-        spec = self._direct(region, box)
-        if spec is not None:
-            return spec
-        packed = self._take(math.prod(box[1]))
-        if packed is None:
-            count, t = self.ctx.subarray(region, box)
-            return [region.base, count, t]
-        packed.reshape(box[1])[...] = region.view()[_index(box)]
-        synchronize(packed)
-        return [packed, packed.size * self.ctx.itemsize, self.ctx.MPI.BYTE]
-
-    def recv_spec(self, out, box):
-        """``(spec, (target view, packed) or None)``."""
-        spec = self._direct(out, box)
-        if spec is not None:
-            return spec, None
-        packed = self._take(math.prod(box[1]))
-        if packed is None:
-            count, t = self.ctx.subarray(out, box)
-            return [out.base, count, t], None
-        spec = [packed, packed.size * self.ctx.itemsize, self.ctx.MPI.BYTE]
-        return spec, (out.view()[_index(box)], packed.reshape(box[1]))
-
-
 def rank0_sides(plan, step):
     """``(send, recv)``: whether rank 0 has a strided piece to send, to receive.
 
@@ -331,17 +328,3 @@ def contiguous_box(full, starts, shape):
     if not dims:
         return True
     return all(shape[d] == full[d] for d in range(dims[0] + 1, len(full)))
-
-
-def exchange_peers(plan, step):
-    """An upper bound on the peers of any rank in an exchange step.
-
-    Along each dim, the most blocks of one layout that a block of the other
-    meets (counted over the blocks, so exact for one dim); the bound is the
-    product over dims, for sends and receives alike.
-    """
-    before, after = step.before.counts(), step.after.counts()
-    shape = plan.global_shape
-    out = math.prod(most_met(n, a, b) for n, a, b in zip(shape, before, after))
-    back = math.prod(most_met(n, b, a) for n, a, b in zip(shape, before, after))
-    return max(out, back)

@@ -403,10 +403,10 @@ class Transfer:
             return "local"
         if step.op in ("all_to_all", "all_gather") and not choice.inplace:
             ctx = _Sizes(choice.plan, max(0, choice.slack))
-            limit = part_limit(ctx, step.group_size - 1, group_sides(step, True))
+            limit = part_limit(ctx, group_sides(step, True))
             piece = tuple(-(-n // step.group_size) if k == step.dims[-1] else n
                           for k, n in enumerate(step.local_shape_before))
-            return f"{len(parts(piece, limit))} round(s) of packed parts"
+            return f"{len(parts(piece, limit))} part(s) per piece, pipelined"
         return "1 round"
 
 

@@ -108,10 +108,10 @@ def test_free_releases_kept_buffers():
 
 
 @pytest.mark.mpi
-def test_explain_names_executor_rounds_bytes_and_workspace():
+def test_explain_names_executor_parts_bytes_and_workspace():
     t = mr.Transfer((64 * SIZE, 64), "float32", MESH, "[{x}, {}]", "[{}, {x}]")
     text = t.explain()
-    words = ("executor", "round", "sends", "predicted peak", "W =") if SIZE > 1 else \
+    words = ("executor", "part(s) per piece, pipelined", "sends", "predicted peak", "W =") if SIZE > 1 else \
         ("executor", "no steps", "predicted peak", "W =")
     for word in words:
         all_ok(COMM, word in text, f"explain() names {word!r}:\n{text}")

@@ -253,20 +253,22 @@ def _swap(run, comm, a, length):
     halves = 1 if a == 1 else 2                     # strided slots also unpack
     share = run.chunk // halves
     cut = packing.parts((a, length), _part_bytes(run, share))
-    sends, recvs = [], []
-    for k in range(g):
-        p = (k - me) % g
-        if p == me:
-            continue
+    order = [(k - me) % g for k in range(g) if (k - me) % g != me]
+    room = min(share, (g - 1) * a * length)
+    B = run.MPI.BYTE
+    pipeline.run(run.MPI, comm,
+                 (pipeline.Part(p, view=v) for p, v in _slot_parts(slots, order, cut)),
+                 (pipeline.Part(p, spec=[v, v.size, B]) if a == 1 else pipeline.Part(p, view=v)
+                  for p, v in _slot_parts(slots, order, cut)),
+                 np.empty(room, np.uint8), np.empty(room, np.uint8) if a > 1 else None,
+                 paired=True)
+
+
+def _slot_parts(slots, order, cut):
+    """``(member, view)`` of each part of each member's slot, in swap order (made lazily)."""
+    for p in order:
         for (a0, l0), (na, nl) in cut:
-            part = slots[a0:a0 + na, p, l0:l0 + nl]
-            sends.append(pipeline.Part(p, view=part))
-            recvs.append(pipeline.Part(p, spec=[part, na * nl, run.MPI.BYTE]) if a == 1
-                         else pipeline.Part(p, view=part))
-    total = (g - 1) * a * length
-    room = min(share, total)
-    pipeline.run(run.MPI, comm, sends, recvs, np.empty(room, np.uint8),
-                 np.empty(room, np.uint8) if a > 1 else None, paired=True)
+            yield p, slots[a0:a0 + na, p, l0:l0 + nl]
 
 
 def _part_bytes(run, share):
@@ -343,13 +345,13 @@ def _permute(run, step):
         return send if dest != mc.rank else 0
     o, chunk = run.offset, _part_bytes(run, run.chunk)
     rounds = -(-math.prod(step.local_shape_before) * run.itemsize // chunk)
-    sends, recvs = [], []
-    for k in range(rounds):       # receive k overwrites only what sends 0..k read
-        lo = k * chunk
-        ns, nr = max(0, min(chunk, send - lo)), max(0, min(chunk, recv - lo))
-        sends.append(pipeline.Part(dest, view=run.buf[o + lo:o + lo + ns]))
-        recvs.append(pipeline.Part(source, spec=[run.buf[lo:lo + nr], nr, B]))
-    pipeline.run(run.MPI, mc.comm, sends, recvs,
+    starts = range(0, rounds * chunk, chunk)     # receive k overwrites what sends 0..k read
+    pipeline.run(run.MPI, mc.comm,
+                 (pipeline.Part(dest, view=run.buf[o + lo:o + lo + max(0, min(chunk, send - lo))])
+                  for lo in starts),
+                 (pipeline.Part(source, spec=[run.buf[lo:lo + max(0, min(chunk, recv - lo))],
+                                              max(0, min(chunk, recv - lo)), B])
+                  for lo in starts),
                  np.empty(min(run.chunk, max(send, 1)), np.uint8), None, paired=True)
     run.offset, run.shape = 0, out
     return send if dest != mc.rank else 0

@@ -149,42 +149,47 @@ def move(ctx, comm, region, out, pieces_out, pieces_in, sides=(True, True), coll
     # parts within the pack room, and no message beyond the MPI count limit
     limit = min(part_limit(ctx, sides), ctx.count_limit // ctx.itemsize)
     n = comm.Get_size()
-    sends = _sequence(pieces_out, [(me + k) % n for k in range(1, n)], limit)
-    recvs = _sequence(pieces_in, [(me - k) % n for k in range(1, n)], limit)
-    send_room, recv_room = _rooms(ctx, sides, region, out, sends, recvs)
+    sends = _Sequence(pieces_out, [(me + k) % n for k in range(1, n)], limit)
+    recvs = _Sequence(pieces_in, [(me - k) % n for k in range(1, n)], limit)
+    send_room, recv_room = _rooms(ctx, sides, region, out, sends, recvs, limit)
     send_buffer, recv_buffer = _buffers(ctx, send_room, recv_room)
     synchronize(region.base)
     pipeline.run(ctx.MPI, comm,
-                 [_part(ctx, p, region, box, send_room) for p, box in sends],
-                 [_part(ctx, p, out, box, recv_room) for p, box in recvs],
+                 (_part(ctx, p, region, box, send_room) for p, box in sends),
+                 (_part(ctx, p, out, box, recv_room) for p, box in recvs),
                  send_buffer, recv_buffer)
 
 
-def _sequence(pieces, peers, limit):
-    """``(peer, box)`` of every part: part r for ``peers[k]`` at place (r, k).
+class _Sequence:
+    """``(peer, box)`` of every part, made on iteration: part r for ``peers[k]``
+    at place (r, k).
 
     ``peers[k]`` is the peer k + 1 ranks on (sends) or back (receives), so
     both ends of a message give it the same place, and any two messages the
     same order: the pipeline's condition for progress.
     """
-    cut = [(k, p, pieces[p], parts(pieces[p][1], limit)) for k, p in enumerate(peers)
-           if p in pieces and math.prod(pieces[p][1])]
-    keyed = [(r, k, p, _shift(piece, part)) for k, p, piece, ps in cut
-             for r, part in enumerate(ps)]
-    keyed.sort(key=lambda item: item[:2])
-    return [(p, box) for _, _, p, box in keyed]
+
+    def __init__(self, pieces, peers, limit):
+        self.cut = [(p, pieces[p], parts(pieces[p][1], limit)) for p in peers
+                    if p in pieces and math.prod(pieces[p][1])]
+
+    def __iter__(self):
+        for r in range(max((len(ps) for _, _, ps in self.cut), default=0)):
+            for p, piece, ps in self.cut:
+                if r < len(ps):
+                    yield p, _shift(piece, ps[r])
 
 
-def _rooms(ctx, sides, region, out, sends, recvs):
+def _rooms(ctx, sides, region, out, sends, recvs, limit):
     """Ring sizes in elements: the slack shared by the sides that pack here
     (a side the plan says is contiguous packs only where it guessed wrong),
-    each no larger than what its side packs."""
-    need = [sum(math.prod(box[1]) for _, box in seq if _direct(ctx, where, box) is None)
-            for seq, where in ((sends, region), (recvs, out))]
+    each no larger than what its side packs, nor than ``DEPTH`` parts."""
+    need = [sum(math.prod(box[1]) for _, box in seq if not _is_run(region_, box))
+            for seq, region_ in ((sends, region), (recvs, out))]
     packing = [bool(n) for n in need]
     if not any(packing):
         return 0, 0
-    share = ctx.slack // ctx.itemsize // sum(packing)
+    share = min(ctx.slack // ctx.itemsize // sum(packing), DEPTH * limit)
     return tuple(min(share, n) for n in need)
 
 
@@ -210,13 +215,18 @@ def _part(ctx, peer, region, box, room):
 
 def _direct(ctx, region, box):
     """The bytes of ``box`` in ``region``'s base when they are one run, else None."""
+    if not _is_run(region, box):
+        return None
     rel, shape = box
     starts = [a + b for a, b in zip(region.starts, rel)]
-    full = region.base.shape
-    if not math.prod(shape) or not contiguous_box(full, starts, shape):
-        return None
-    offset = flat_offset(full, starts) * ctx.itemsize
+    offset = flat_offset(region.base.shape, starts) * ctx.itemsize
     return [region.base, (math.prod(shape) * ctx.itemsize, offset), ctx.MPI.BYTE]
+
+
+def _is_run(region, box):
+    rel, shape = box
+    starts = [a + b for a, b in zip(region.starts, rel)]
+    return bool(math.prod(shape)) and contiguous_box(region.base.shape, starts, shape)
 
 
 def _alltoallv(ctx, comm, region, out, pieces_out, pieces_in):

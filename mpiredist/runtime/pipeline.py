@@ -29,16 +29,28 @@ from ..core.backend import synchronize
 __all__ = ["Ring", "Part", "run"]
 
 TAG = 0x6d72        # "mr": one tag for every part; order within a pair is MPI's
+# Posted and unfinished parts per side, at most: each holds Python objects
+# and an MPI request (about 0.5 KiB traced), and tiny parts (a low count
+# limit) would otherwise put thousands in flight at once.
+MAX_POSTED = 128
 
 
 class Part:
-    """One message: ``peer``, and either ``spec`` (an MPI buffer spec, sent or
-    received as is) or ``view`` (an array to pack from, or unpack into)."""
+    """One message, or one local value in the order of the receives.
 
-    __slots__ = ("peer", "spec", "view")
+    ``peer`` and either ``spec`` (an MPI buffer spec, sent or received as
+    is) or ``view`` (an array to pack from, or to unpack into).  A received
+    ``view`` takes the data by ``combine(view, data)`` when given (e.g. a
+    reduction into it), else by copy.  ``value``: no message; at its turn
+    among the receives, ``value`` goes into ``view`` the same way (a rank's
+    own piece, combined in order with the others).
+    """
 
-    def __init__(self, peer, spec=None, view=None):
+    __slots__ = ("peer", "spec", "view", "combine", "value")
+
+    def __init__(self, peer, spec=None, view=None, combine=None, value=None):
         self.peer, self.spec, self.view = peer, spec, view
+        self.combine, self.value = combine, value
 
     def __repr__(self):
         what = "spec" if self.spec is not None else f"view {tuple(self.view.shape)}"
@@ -88,7 +100,8 @@ class Ring:
 
 
 def run(MPI, comm, sends, recvs, send_buffer, recv_buffer, tag=TAG, paired=False):
-    """Post ``sends`` and ``recvs`` (sequences of :class:`Part`) in order; return
+    """Post ``sends`` and ``recvs`` (iterables of :class:`Part`, read as they
+    are posted) in order; return
     when all have finished.
 
     ``send_buffer`` and ``recv_buffer`` are 1-D arrays of the element type
@@ -100,36 +113,83 @@ def run(MPI, comm, sends, recvs, send_buffer, recv_buffer, tag=TAG, paired=False
     of messages, as pairwise swaps and permutes in parts do.
     """
     state = _State(MPI, comm, tag, send_buffer, recv_buffer)
-    sends, recvs = deque(sends), deque(recvs)
+    sends, recvs = _Ahead(sends), _Ahead(recvs)
     posted = 0
     while True:
-        while recvs and (not paired or state.sent > posted) and state.post_recv(recvs[0]):
-            recvs.popleft()
-            posted += 1
-        while sends and state.post_send(sends[0]):
-            sends.popleft()
-        while recvs and (not paired or state.sent > posted) and state.post_recv(recvs[0]):
-            recvs.popleft()
-            posted += 1
-        if not state.requests:
-            break
+        for _ in range(2):          # receives first: posted receives let senders go
+            while recvs and (not paired or state.sent > posted) and state.post_recv(recvs.head):
+                recvs.advance()
+                posted += 1
+            while sends and state.post_send(sends.head):
+                sends.advance()
         if not sends and not recvs:
             state.finish()
             break
+        if not state.requests:
+            raise ValueError(f"nothing in flight, and the next part does not fit its ring: "
+                             f"{sends.head if sends else recvs.head}")
         state.wait_some()
 
 
+class _Ahead:
+    """An iterator with its next item in view: parts are made as they are
+    posted, never all at once (a rank may have thousands; their Python
+    objects count against the memory bound too)."""
+
+    def __init__(self, items):
+        self._items = iter(items)
+        self.advance()
+
+    def advance(self):
+        self.head = next(self._items, None)
+
+    def __bool__(self):
+        return self.head is not None
+
+
+class _Recv:
+    """A posted receive (or local value) waiting to be applied in order."""
+
+    __slots__ = ("part", "data", "ring", "entry", "done")
+
+    def __init__(self, part, data=None, ring=None, entry=None, done=False):
+        self.part, self.data, self.ring, self.entry, self.done = part, data, ring, entry, done
+
+    def apply(self):
+        view = self.part.view
+        if view is not None and self.data is not None:
+            data = self.data.reshape(view.shape)
+            if self.part.combine is None:
+                view[...] = data
+            else:
+                self.part.combine(view, data)
+            synchronize(view)       # a GPU unpack must end before the span is reused
+        if self.ring is not None:
+            self.ring.done(self.entry)
+
+
 class _State:
+    """Posted parts: requests with what finishing them frees or fills.
+
+    Receives are applied (unpacked, combined) strictly in posting order, so
+    combinations are deterministic; rings free oldest first anyway, so this
+    holds no space longer than the ring would.
+    """
+
     def __init__(self, MPI, comm, tag, send_buffer, recv_buffer):
         self.MPI, self.comm, self.tag = MPI, comm, tag
         self.rings = {}
         for side, buffer in (("send", send_buffer), ("recv", recv_buffer)):
             if buffer is not None:
                 self.rings[side] = (Ring(buffer.size), buffer)
-        self.requests, self.after = [], []      # after: (ring, entry, view, packed) or None
+        self.requests, self.tokens = [], []     # token: _Recv, or (ring, entry) of a send
+        self.arrived = deque()                  # _Recv in posting order
         self.sent = 0                           # sends posted
+        self.flying = {"send": 0, "recv": 0}    # posted, not yet seen finished
 
     def _room(self, side, count):
+        if side not in self.rings:
+            return None
         ring, buffer = self.rings[side]
         got = ring.take(count)
         if got is None:
@@ -138,18 +198,28 @@ class _State:
         return ring, entry, buffer[start:start + count]
 
     def post_recv(self, part):
-        if part.spec is not None:
-            self._add(self.comm.Irecv(part.spec, part.peer, self.tag), None)
+        if part.value is not None:
+            self.arrived.append(_Recv(part, part.value, done=True))
+            self._drain()
             return True
-        room = self._room("recv", part.view.size)
-        if room is None:
+        if self.flying["recv"] >= MAX_POSTED:
             return False
-        ring, entry, packed = room
-        self._add(self.comm.Irecv(_bytes(self.MPI, packed), part.peer, self.tag),
-                  (ring, entry, part.view, packed))
+        if part.spec is not None:
+            token = _Recv(part)
+            self._add(self.comm.Irecv(part.spec, part.peer, self.tag), token)
+        else:
+            room = self._room("recv", part.view.size)
+            if room is None:
+                return False
+            ring, entry, packed = room
+            token = _Recv(part, packed, ring, entry)
+            self._add(self.comm.Irecv(_bytes(self.MPI, packed), part.peer, self.tag), token)
+        self.arrived.append(token)
         return True
 
     def post_send(self, part):
+        if self.flying["send"] >= MAX_POSTED:
+            return False
         if part.spec is not None:
             self._add(self.comm.Isend(part.spec, part.peer, self.tag), None)
             self.sent += 1
@@ -161,13 +231,14 @@ class _State:
         packed.reshape(part.view.shape)[...] = part.view
         synchronize(packed)
         self._add(self.comm.Isend(_bytes(self.MPI, packed), part.peer, self.tag),
-                  (ring, entry, None, packed))
+                  (ring, entry))
         self.sent += 1
         return True
 
-    def _add(self, request, after):
+    def _add(self, request, token):
         self.requests.append(request)
-        self.after.append(after)
+        self.tokens.append(token)
+        self.flying["recv" if isinstance(token, _Recv) else "send"] += 1
 
     def wait_some(self):
         """Wait until some posted part has finished, yielding the CPU between tests.
@@ -183,28 +254,32 @@ class _State:
                 break
             os.sched_yield()
         done = set(done)
-        for i in sorted(done):
-            _settle(self.after[i])
+        for i in done:
+            self._finished(self.tokens[i])
         keep = [i for i in range(len(self.requests)) if i not in done]
         self.requests = [self.requests[i] for i in keep]
-        self.after = [self.after[i] for i in keep]
+        self.tokens = [self.tokens[i] for i in keep]
+        self._drain()
 
     def finish(self):
-        """Everything is posted: wait for the rest at once, then unpack."""
+        """Everything is posted: wait for the rest at once, then apply it."""
         self.MPI.Request.Waitall(self.requests)
-        for after in self.after:
-            _settle(after)
-        self.requests, self.after = [], []
+        for token in self.tokens:
+            self._finished(token)
+        self.requests, self.tokens = [], []
+        self._drain()
 
+    def _finished(self, token):
+        self.flying["recv" if isinstance(token, _Recv) else "send"] -= 1
+        if isinstance(token, _Recv):
+            token.done = True
+        elif token is not None:
+            ring, entry = token
+            ring.done(entry)
 
-def _settle(after):
-    if after is None:
-        return
-    ring, entry, view, packed = after
-    if view is not None:
-        view[...] = packed.reshape(view.shape)
-        synchronize(view)       # a GPU unpack must end before the span is reused
-    ring.done(entry)
+    def _drain(self):
+        while self.arrived and self.arrived[0].done:
+            self.arrived.popleft().apply()
 
 
 def _bytes(MPI, packed):

@@ -263,3 +263,36 @@ def test_unpaired_in_place_swap_can_overwrite():
     for t in threads:
         t.join(TIMEOUT)
     assert order.index(("recv", 0)) < order.index(("send", 0))   # posted before packed
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_combined_in_posting_order(seed):
+    """A reduce-scatter by parts: each rank's own value and the received ones
+    are summed in member order, whatever order they arrive in, so the
+    floating-point result is exactly that of the sequential sum."""
+    rng = np.random.default_rng(seed)
+    n, length = int(rng.integers(2, 6)), int(rng.integers(1, 50))
+    part = int(rng.integers(1, length + 1))
+    blocks = {r: rng.standard_normal((n, length)) * 10.0 ** rng.integers(-8, 8, (n, 1))
+              for r in range(n)}
+    out = {}
+
+    def add(target, data):
+        np.add(target, data, out=target)
+
+    def body(me, comm):
+        target = np.zeros(length)
+        sends = (Part(m, view=blocks[me][m, lo:lo + part]) for lo in range(0, length, part)
+                 for m in range(n) if m != me)
+        recvs = (Part(m, view=target[lo:lo + part], combine=add,
+                      value=blocks[me][me, lo:lo + part] if m == me else None)
+                 for lo in range(0, length, part) for m in range(n))
+        pipeline.run(_MPI, comm, sends, recvs, np.empty(part), np.empty(part))
+        out[me] = target
+
+    _run_ranks(n, body)
+    for me in range(n):
+        want = np.zeros(length)
+        for m in range(n):
+            want += blocks[m][me]
+        assert np.array_equal(out[me], want), me

@@ -17,7 +17,9 @@ all_gather     Allgather (Allgatherv if blocks differ) of bytes when
                :func:`mpiredist.runtime.packing.move` on the group
 all_to_all     :func:`mpiredist.runtime.packing.move` on the group: rounds of
                Isend/Irecv of contiguous or packed parts
-reduce_scatter Reduce_scatter (typed), after packing if needed
+reduce_scatter Reduce_scatter (typed), after packing if needed; beyond
+               the reduction room, pipelined parts combined by numpy
+               (:func:`mpiredist.runtime.packing.reduce_move`)
 all_reduce     Allreduce (typed)
 permute        Sendrecv of the whole block (no call if it stays)
 exchange       :func:`mpiredist.runtime.packing.move` on the mesh
@@ -38,10 +40,11 @@ from ..core.backend import array_module, c_contiguous, synchronize
 from ..core.blocks import rank_block
 from ..core.errors import CommunicationError
 from ..planning.budget import MARGIN, assess
+from ..planning.exchange import REDUCERS
 from ..planning.routing import member_digits, permute_dest, permute_source
 from .context import Context, Region, StepRecord, relative, volume
 from .counts import allreduce, message, reduce_limit, reduce_scatter_parts, unit
-from .packing import group_sides, move, one_call
+from .packing import group_sides, move, one_call, reduce_move
 
 __all__ = ["execute", "run_steps", "run_step", "after_slice", "mpi_op", "Region", "StepRecord"]
 
@@ -227,22 +230,29 @@ def _contiguous(ctx, region):
 
 
 def _reduce_scatter(ctx, index, region, into):
+    """One ``Reduce_scatter`` when it fits the reduction room (MPI's buffers
+    inside it stay within W/2); else pipelined parts combined by numpy
+    (:func:`~mpiredist.runtime.packing.reduce_move`: no MPI buffers, and no
+    round waits for every member), or rounds of ``Reduce_scatter`` when the
+    slack cannot hold a part."""
     step = ctx.plan.steps[index]
     comm, digits = ctx.mc.sub(step.axes), ctx.mc.digits
     (j,) = step.dims
     mine_b = _block(ctx, step.before, digits)
     src = region.view()
-    parts, counts = [], []
+    boxes, parts, counts = {}, [], []
     for m in range(comm.Get_size()):
         box = _block(ctx, step.after, member_digits(digits, step.axes, m))
-        starts, shape = relative(box, mine_b)
-        index_ = tuple(slice(s, s + n) for s, n in zip(starts, shape))
-        parts.append(src[index_])
+        boxes[m] = relative(box, mine_b)
+        starts, shape = boxes[m]
+        parts.append(src[tuple(slice(s, s + n) for s, n in zip(starts, shape))])
         counts.append(math.prod(shape))
     out = _empty(ctx, _block(ctx, step.after, digits), into)
+    send_packs = ctx.sliced or any(n > 1 for n in step.local_shape_before[:j])
     if sum(counts) <= reduce_limit(ctx):
         _reduce_scatter_once(ctx, comm, region, j, parts, counts, out)
-    else:
+    elif not reduce_move(ctx, comm, region, Region(out), boxes, REDUCERS[ctx.plan.src.op],
+                         send_packs):
         reduce_scatter_parts(ctx, comm, parts, out, mpi_op(ctx))
     me = comm.Get_rank()
     sent = sum(c for m, c in enumerate(counts) if m != me)

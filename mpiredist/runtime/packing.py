@@ -26,7 +26,7 @@ from . import pipeline
 from ..planning.routing import exchange_recvs, exchange_sends
 from ..core.subaxes import rank_digits
 
-__all__ = ["move", "one_call", "parts", "part_limit", "group_sides", "rank0_sides",
+__all__ = ["move", "reduce_move", "one_call", "parts", "part_limit", "group_sides", "rank0_sides",
            "contiguous_box", "flat_offset", "MIN_PART"]
 
 
@@ -158,6 +158,48 @@ def move(ctx, comm, region, out, pieces_out, pieces_in, sides=(True, True), coll
                  (_part(ctx, p, region, box, send_room) for p, box in sends),
                  (_part(ctx, p, out, box, recv_room) for p, box in recvs),
                  send_buffer, recv_buffer)
+
+
+def reduce_move(ctx, comm, region, out, pieces_out, reducer, send_packs):
+    """A reduce-scatter by parts: ``pieces_out[m]`` (boxes relative to
+    ``region``) goes to member m; what the members send this rank is
+    combined into ``out`` (a :class:`Region`) by ``reducer`` (``np.add``...).
+
+    Sends go straight from the block when contiguous, else packed
+    (``send_packs``, from the plan, says whether to share the slack); every
+    receive goes through the receive ring and is combined in a fixed order,
+    this rank's own piece first and then the member 1, 2, ... ranks back, so
+    the result is the same on every run and on every replica of the group.
+    Memory: the slack only; MPI reduces nothing, so it allocates nothing.
+    ``False`` (nothing done) when the slack cannot hold parts of
+    ``MIN_PART`` bytes: the caller reduces in rounds instead.
+    """
+    limit = part_limit(ctx, (send_packs, True))
+    if limit == math.inf:
+        return False
+    limit = min(limit, ctx.count_limit // ctx.itemsize)
+    me, n = comm.Get_rank(), comm.Get_size()
+    sends = _Sequence(pieces_out, [(me + k) % n for k in range(1, n)], limit)
+    back = [(me - k) % n for k in range(n)]
+    whole = ((0,) * len(out.shape), tuple(out.shape))
+    recvs = _Sequence({p: whole for p in back}, back, limit)
+    send_need = sum(math.prod(box[1]) for _, box in sends if not _is_run(region, box))
+    share = ctx.slack // ctx.itemsize // (2 if send_packs or send_need else 1)
+    send_room = min(share, DEPTH * limit, send_need)
+    recv_room = min(share, DEPTH * limit, sum(math.prod(box[1]) for _, box in recvs))
+    send_buffer, recv_buffer = _buffers(ctx, send_room, recv_room)
+    own, first = region.view(), pieces_out[me]
+    synchronize(region.base)
+
+    def received(p, box):
+        view = out.view()[_index(box)]
+        if p == me:
+            return pipeline.Part(p, view=view, value=own[_index(_shift(first, box))])
+        return pipeline.Part(p, view=view, combine=lambda t, d: reducer(t, d, out=t))
+
+    pipeline.run(ctx.MPI, comm, (_part(ctx, p, region, box, send_room) for p, box in sends),
+                 (received(p, box) for p, box in recvs), send_buffer, recv_buffer)
+    return True
 
 
 class _Sequence:

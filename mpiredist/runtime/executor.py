@@ -20,7 +20,8 @@ all_to_all     :func:`mpiredist.runtime.packing.move` on the group: rounds of
 reduce_scatter Reduce_scatter (typed), after packing if needed; beyond
                the reduction room, pipelined parts combined by numpy
                (:func:`mpiredist.runtime.packing.reduce_move`)
-all_reduce     Allreduce (typed)
+all_reduce     Allreduce (typed); beyond the reduction room, a pipelined
+               reduce-scatter of slices and an in-place Allgather
 permute        Sendrecv of the whole block (no call if it stays)
 exchange       :func:`mpiredist.runtime.packing.move` on the mesh
 ============== =====================================================
@@ -276,14 +277,43 @@ def _reduce_scatter_once(ctx, comm, region, j, parts, counts, out):
 
 
 def _all_reduce(ctx, index, region, into):
+    """One ``Allreduce`` within the reduction room; past it, a reduce-scatter
+    by pipelined parts (each member reduces one slice) and an in-place
+    ``Allgather`` of the slices, or rounds of ``Allreduce`` when the slack
+    cannot hold a part."""
     step = ctx.plan.steps[index]
     comm = ctx.mc.sub(step.axes)
     src = _contiguous(ctx, region)
     out = _new(ctx, src.shape, into)
     synchronize(src)
-    allreduce(ctx, comm, src.reshape(-1), out.reshape(-1), mpi_op(ctx))
+    flat, whole = src.reshape(-1), out.reshape(-1)
+    if flat.size <= reduce_limit(ctx) or not _reduce_then_gather(ctx, comm, flat, whole):
+        allreduce(ctx, comm, flat, whole, mpi_op(ctx))
     g = comm.Get_size()
     return Region(out), 2 * out.size * (g - 1) // g * ctx.itemsize
+
+
+def _reduce_then_gather(ctx, comm, flat, whole):
+    """All-reduce as slices: member m reduces ``[m n / g, (m + 1) n / g)``
+    (:func:`~mpiredist.runtime.packing.reduce_move`), then every slice is
+    gathered in place.  False (nothing done) where that does not apply."""
+    g, me, size = comm.Get_size(), comm.Get_rank(), ctx.itemsize
+    n = flat.size
+    if n * size > ctx.count_limit:
+        return False
+    bounds = [m * n // g for m in range(g + 1)]
+    pieces = {m: ((bounds[m],), (bounds[m + 1] - bounds[m],)) for m in range(g)}
+    mine = Region(whole, *pieces[me])
+    if not reduce_move(ctx, comm, Region(flat), mine, pieces, REDUCERS[ctx.plan.src.op], False):
+        return False
+    counts = [(bounds[m + 1] - bounds[m]) * size for m in range(g)]
+    synchronize(whole)
+    if len(set(counts)) == 1:
+        comm.Allgather(ctx.MPI.IN_PLACE, [whole, counts[0], ctx.MPI.BYTE])
+    else:
+        comm.Allgatherv(ctx.MPI.IN_PLACE, [whole, counts, [b * size for b in bounds[:-1]],
+                                           ctx.MPI.BYTE])
+    return True
 
 
 def _permute(ctx, index, region, into):

@@ -133,10 +133,11 @@ def _partial_case(seed):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("seed", range(16))
-def test_reduce_scatter_in_parts(seed, tiny_parts, monkeypatch):
-    """Reduce-scatters past the reduction room go by pipelined parts combined
-    by numpy (packing.reduce_move), or in rounds when the slack holds no
-    part; every op and dtype agrees with the oracle."""
+def test_reductions_in_parts(seed, tiny_parts, monkeypatch):
+    """Reduce-scatters and all-reduces past the reduction room go by pipelined
+    parts combined by numpy (packing.reduce_move; all-reduces then gather the
+    slices), or in rounds when the slack holds no part; every op and dtype
+    agrees with the oracle."""
     monkeypatch.setattr(executor, "reduce_limit", lambda ctx: 1)
     mesh, shape, dtype, src, dst, partial, op = _partial_case(seed)
     src_text = oracle.layout_text(src, partial, op)
@@ -149,14 +150,17 @@ def test_reduce_scatter_in_parts(seed, tiny_parts, monkeypatch):
 
 
 @pytest.mark.mpi
-def test_partial_cases_reduce_scatter():
-    """The random partial cases above do reduce-scatter (else the test says little)."""
+def test_partial_cases_reduce():
+    """The random partial cases above do reduce-scatter and all-reduce (else
+    the test says little)."""
     need_ranks(COMM, 2)
-    scatters = 0
+    scatters = reduces = 0
     for seed in range(16):
         mesh, shape, dtype, src, dst, partial, op = _partial_case(seed)
         plan = planner.plan(shape, dtype, Mesh(mesh), oracle.layout_text(src, partial, op),
                             oracle.layout_text(dst))
         scatters += any(s.op == "reduce_scatter" and math.prod(s.local_shape_after) > 1
                         for s in plan.steps)
-    assert scatters >= 5, scatters
+        reduces += any(s.op == "all_reduce" and math.prod(s.local_shape_after) > 1
+                       for s in plan.steps)
+    assert scatters >= 5 and reduces >= 2, (scatters, reduces)

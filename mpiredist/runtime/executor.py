@@ -47,7 +47,8 @@ from .context import Context, Region, StepRecord, relative, volume
 from .counts import allreduce, message, reduce_limit, reduce_scatter_parts, unit
 from .packing import group_sides, move, one_call, reduce_move
 
-__all__ = ["execute", "run_steps", "run_step", "after_slice", "mpi_op", "Region", "StepRecord"]
+__all__ = ["execute", "run_steps", "run_step", "after_slice", "mpi_op", "reduce_then_gather",
+           "Region", "StepRecord"]
 
 
 def execute(plan, local, mc, records=None, slack=None, ctx=None, out=None):
@@ -287,16 +288,18 @@ def _all_reduce(ctx, index, region, into):
     out = _new(ctx, src.shape, into)
     synchronize(src)
     flat, whole = src.reshape(-1), out.reshape(-1)
-    if flat.size <= reduce_limit(ctx) or not _reduce_then_gather(ctx, comm, flat, whole):
+    if flat.size <= reduce_limit(ctx) or not reduce_then_gather(ctx, comm, flat, whole):
         allreduce(ctx, comm, flat, whole, mpi_op(ctx))
     g = comm.Get_size()
     return Region(out), 2 * out.size * (g - 1) // g * ctx.itemsize
 
 
-def _reduce_then_gather(ctx, comm, flat, whole):
+def reduce_then_gather(ctx, comm, flat, whole):
     """All-reduce as slices: member m reduces ``[m n / g, (m + 1) n / g)``
     (:func:`~mpiredist.runtime.packing.reduce_move`), then every slice is
-    gathered in place.  False (nothing done) where that does not apply."""
+    gathered in place.  ``whole`` may be ``flat`` itself (the one-buffer
+    executor): no slice is written before its sends have finished.  False
+    (nothing done) where that does not apply."""
     g, me, size = comm.Get_size(), comm.Get_rank(), ctx.itemsize
     n = flat.size
     if n * size > ctx.count_limit:

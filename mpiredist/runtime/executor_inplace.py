@@ -16,8 +16,11 @@ all_to_all     block transpose that makes each member's piece one slot
                otherwise), slots swapped pairwise in parts, pipelined
                through rings of at most half the workspace
 reduce_scatter block transpose if the dim is not outermost, then
-               ``Reduce_scatter(MPI_IN_PLACE)``
-all_reduce     ``Allreduce(MPI_IN_PLACE)``
+               ``Reduce_scatter(MPI_IN_PLACE)``; beyond the reduction room,
+               pipelined parts combined by numpy into this member's part,
+               moved to the front
+all_reduce     ``Allreduce(MPI_IN_PLACE)``; beyond the reduction room, the
+               same by slices, then ``Allgather(MPI_IN_PLACE)``
 permute        ``Sendrecv`` when both blocks fit the buffer, else parts
                pipelined through a ring of half the workspace
 exchange       not in place: an extra output buffer (the budget says so)
@@ -36,11 +39,12 @@ import numpy as np
 
 from ..core.errors import CommunicationError
 from ..planning.budget import frame_shape, inplace_reason
+from ..planning.exchange import REDUCERS
 from ..planning.routing import member_digits, permute_dest, permute_source
 from . import packing, pipeline
 from .context import Region, StepRecord, relative
-from .counts import allreduce, message, reduce_scatter, unit
-from .executor import mpi_op, run_step
+from .counts import allreduce, message, reduce_limit, reduce_scatter, unit
+from .executor import mpi_op, reduce_then_gather, run_step
 from .inplace import compact, expand, transpose
 from .packing import contiguous_box, flat_offset
 from .workbuffer import WorkBuffer
@@ -295,21 +299,42 @@ def _reduce_scatter(run, step):
     else:
         lengths = [run.block(step.after, member_digits(run.mc.digits, step.axes, m))[j]
                    for m in range(g)]
-        counts = [(hi - lo) * inner for lo, hi in lengths]
+        rows = math.prod(shape[:j])     # 0 or 1 here: alike on the group's members
+        counts = [(hi - lo) * inner * rows for lo, hi in lengths]
     flat = run.typed((sum(counts),))
     me = comm.Get_rank()
-    reduce_scatter(run.ctx, comm, flat, counts, flat[:counts[me]], mpi_op(run.ctx),
-                   in_place=True)
+    if sum(counts) <= reduce_limit(run.ctx) or not _scatter_by_parts(run, comm, flat, counts):
+        reduce_scatter(run.ctx, comm, flat, counts, flat[:counts[me]], mpi_op(run.ctx),
+                       in_place=True)
     run.shape = tuple(counts[me] // max(1, outer * inner) if k == j else n
                       for k, n in enumerate(shape))
     _unpad(run, tuple(hi - lo for lo, hi in run.block(step.after)))
     return (sum(counts) - counts[me]) * run.itemsize
 
 
+def _scatter_by_parts(run, comm, flat, counts):
+    """Reduce-scatter by pipelined parts (:func:`~mpiredist.runtime.packing.reduce_move`)
+    into this member's own part, then moved to the front (in chunks); False
+    (nothing done) when the rings cannot hold a part."""
+    me = comm.Get_rank()
+    offsets = [sum(counts[:m]) for m in range(len(counts))]
+    pieces = {m: ((offsets[m],), (c,)) for m, c in enumerate(counts)}
+    mine = Region(flat, *pieces[me])
+    if not packing.reduce_move(run.ctx, comm, Region(flat), mine, pieces,
+                               REDUCERS[run.plan.src.op], False):
+        return False
+    size = run.itemsize
+    compact(run.buf, (sum(counts) * size,), (offsets[me] * size,), (counts[me] * size,), 1,
+            run.chunk)
+    return True
+
+
 def _all_reduce(run, step):
     comm = run.mc.sub(step.axes)
     n = math.prod(run.shape)
-    allreduce(run.ctx, comm, None, run.typed((n,)), mpi_op(run.ctx))
+    flat = run.typed((n,))
+    if n <= reduce_limit(run.ctx) or not reduce_then_gather(run.ctx, comm, flat, flat):
+        allreduce(run.ctx, comm, None, flat, mpi_op(run.ctx))
     g = comm.Get_size()
     return 2 * n * (g - 1) // g * run.itemsize
 

@@ -23,7 +23,8 @@ import oracle
 MPI = pytest.importorskip("mpi4py.MPI")
 
 from mpiredist.planning import planner  # noqa: E402
-from mpiredist.runtime import executor, packing  # noqa: E402
+from mpiredist import redistribute  # noqa: E402
+from mpiredist.runtime import executor, executor_inplace, packing  # noqa: E402
 from mpiredist.planning.budget import MARGIN  # noqa: E402
 from mpiredist.runtime.comm import mesh_comm  # noqa: E402
 from mpiredist.core.mesh import Mesh  # noqa: E402
@@ -139,6 +140,7 @@ def test_reductions_in_parts(seed, tiny_parts, monkeypatch):
     slices), or in rounds when the slack holds no part; every op and dtype
     agrees with the oracle."""
     monkeypatch.setattr(executor, "reduce_limit", lambda ctx: 1)
+    monkeypatch.setattr(executor_inplace, "reduce_limit", lambda ctx: 1)
     mesh, shape, dtype, src, dst, partial, op = _partial_case(seed)
     src_text = oracle.layout_text(src, partial, op)
     plan = planner.plan(shape, dtype, Mesh(mesh), src_text, oracle.layout_text(dst))
@@ -146,7 +148,12 @@ def test_reductions_in_parts(seed, tiny_parts, monkeypatch):
     G = oracle.global_array(shape, dtype, np.random.default_rng(seed))
     block = oracle.partial_blocks(G, axes, src, partial, op, np.random.default_rng(seed))[RANK]
     want = oracle.expected(G, axes, dst, RANK)
-    _check_slacks(plan, Mesh(mesh), block, want, f"{mesh} {shape} {dtype} {src_text} -> {dst}")
+    what = f"{mesh} {shape} {dtype} {src_text} -> {dst}"
+    _check_slacks(plan, Mesh(mesh), block, want, what)
+    # donated: the one-buffer executor, its reductions in place with the default W
+    got = redistribute(block.copy(), shape, Mesh(mesh), src_text, oracle.layout_text(dst),
+                       donate=True)
+    all_ok(COMM, got.shape == want.shape and np.array_equal(got, want), f"{what} donated")
 
 
 @pytest.mark.mpi

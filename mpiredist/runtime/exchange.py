@@ -1,16 +1,17 @@
-"""Run an exchange between any two sets of blocks, in rounds (point to point).
+"""Run an exchange between any two sets of blocks, segment by segment (point to point).
 
-The pieces and the rounds are those of :mod:`mpiredist.planning.exchange`.
+The pieces and the segments are those of :mod:`mpiredist.planning.exchange`.
 Construction is collective over the communicator: one Allreduce agrees on
 the most peers and the largest piece, which fix the segment size and the
-number of rounds.  Each round every rank posts its receives (into one
-receive buffer), packs and sends its segments (from one send buffer), waits,
-then combines what arrived into the target block in the agreed order.  A
-segment that is one contiguous stretch of the source or target block is sent
-from or received into the block itself, without packing.  Ranks outside
-both meshes only take part in the construction.
+number of segments.  A run posts every segment through the pipeline of
+:mod:`mpiredist.runtime.pipeline` (packed into a send ring, received into a
+receive ring and combined into the target block in the agreed order, as
+soon as each arrives); a segment that is one contiguous stretch of the
+source or target block is sent from or received into the block itself,
+without packing.  Ranks outside both meshes only take part in the
+construction.
 
-Memory: the target block, plus at most ``W // 2`` for each buffer.
+Memory: the target block, plus at most ``W // 2`` for each ring.
 """
 
 import numpy as np
@@ -18,6 +19,7 @@ import numpy as np
 from ..core.backend import array_module, synchronize
 from ..core.blocks import box_size, sub_index
 from ..planning.exchange import REDUCERS, plan_rounds, rounds, segment_boxes, segment_items
+from . import pipeline
 from .comm import mpi
 from .counts import count_limit
 
@@ -71,6 +73,7 @@ class Exchange:
         self.segment = segment_items(max(1, workspace // 2), self.dtype.itemsize, self.peers,
                                      limit)
         self.whole = max(1, limit // self.dtype.itemsize)     # a direct piece's segment
+        self.room = max(1, workspace // 2) // self.dtype.itemsize   # elements per ring
         self.rounds = max(rounds(largest, self.segment), direct_rounds)
         own = [rounds(box_size(x.box), self._seg(x)) for x in self.recvs
                if x.peer == self.rank]
@@ -92,64 +95,70 @@ class Exchange:
             self.comm = None
 
     def run(self, local, out):
-        """Fill ``out`` (this rank's target block, or None) from ``local`` (or None)."""
-        xp = array_module(out if out is not None else local) if (
-            out is not None or local is not None) else np
-        buffers = {"xp": xp}
+        """Fill ``out`` (this rank's target block, or None) from ``local`` (or None).
+
+        Segments go through :func:`mpiredist.runtime.pipeline.run`: sends in
+        the order (segment, target, box, class) and receives in the order
+        (segment, box, class), which both ends of every message share, so
+        the pipeline progresses; receives (and this rank's own pieces, at
+        their place) are combined in that order, classes of a box in class
+        order, so replicated results are bitwise equal.
+        """
+        arrays = [a for a in (out, local) if a is not None]
+        xp = array_module(arrays[0]) if arrays else np
+        if local is not None:
+            synchronize(local)
+        sends = sorted((x for x in self.sends if x.peer != self.rank),
+                       key=lambda x: (x.peer, x.box, x.cls))
+        packed_in = [x for i, x in enumerate(self.recvs) if x.peer != self.rank and (
+            i and not self._first(i) or self._packs(out, self.dst_box, x))]
+        packed_out = [x for x in sends if self._packs(local, self.src_box, x)]
+        rooms = [min(self.room, sum(min(box_size(x.box), self.segment) for x in pieces))
+                 for pieces in (packed_out, packed_in)]
+        buffers = [xp.empty(n, self.dtype) if n else None for n in rooms]
+        pipeline.run(self.MPI, self.comm, self._send_parts(sends, local),
+                     self._recv_parts(local, out), *buffers, tag=TAG)
+
+    def _send_parts(self, sends, local):
+        for r in range(self.rounds):
+            for x in sends:
+                subs = segment_boxes(x.box, r, self._seg(x))
+                if not subs:
+                    continue
+                view = self._direct(local, self.src_box, x, r)
+                if view is not None:
+                    yield pipeline.Part(x.peer, spec=self._bytes(view))
+                else:
+                    yield pipeline.Part(x.peer, view=tuple(
+                        local[sub_index(self.src_box, b)] for b in subs))
+
+    def _recv_parts(self, local, out):
         for r in range(self.local_rounds):
-            if r < self.rounds:
-                self._round(r, local, out, buffers)
-            else:
-                self._combine(r, local, out, None, {})
+            for i, x in enumerate(self.recvs):
+                subs = segment_boxes(x.box, r, self._seg(x))
+                if not subs:
+                    continue
+                first = not i or self._first(i)
+                combine = None if first else self._combine
+                if x.peer == self.rank:
+                    yield pipeline.Part(None, combine=combine,
+                                        view=tuple(out[sub_index(self.dst_box, b)] for b in subs),
+                                        value=tuple(local[sub_index(self.src_box, b)]
+                                                    for b in subs))
+                    continue
+                target = self._direct(out, self.dst_box, x, r) if first else None
+                if target is not None:
+                    yield pipeline.Part(x.peer, spec=self._bytes(target))
+                else:
+                    yield pipeline.Part(x.peer, combine=combine, view=tuple(
+                        out[sub_index(self.dst_box, b)] for b in subs))
 
-    def _buffer(self, buffers, which):
-        """The send or receive buffer, made when a segment first needs packing."""
-        if which not in buffers:
-            pieces = self.sends if which == "send" else self.recvs
-            n = sum(min(box_size(x.box), self.segment) for x in pieces
-                    if x.peer != self.rank and not x.direct)
-            buffers[which] = buffers["xp"].empty(n, self.dtype)
-        return buffers[which]
+    def _combine(self, target, value):
+        self.reduce(target, value, out=target)
 
-    def _round(self, r, local, out, buffers):
-        requests, direct = [], {}
-        at = 0
-        for i, x in enumerate(self.recvs):
-            if x.peer == self.rank:
-                continue
-            subs = segment_boxes(x.box, r, self._seg(x))
-            if not subs:
-                continue
-            n = sum(box_size(b) for b in subs)
-            target = self._direct(out, self.dst_box, x, r) if not i or self._first(i) \
-                else None
-            if target is None:
-                recvbuf = self._buffer(buffers, "recv")
-                target, direct[i] = recvbuf[at:at + n], at
-                at += n
-            else:
-                direct[i] = None
-            requests.append(self.comm.Irecv(self._bytes(target), x.peer, TAG))
-        at = 0
-        pending = []
-        for x in self.sends:
-            if x.peer == self.rank:
-                continue
-            subs = segment_boxes(x.box, r, self._seg(x))
-            if not subs:
-                continue
-            view = self._direct(local, self.src_box, x, r)
-            if view is None:
-                view = self._buffer(buffers, "send")[at:at + sum(box_size(b) for b in subs)]
-                at += view.size
-                self._pack(local, subs, view)
-            pending.append((view, x.peer))
-        if pending:
-            synchronize(pending[0][0])
-        for view, peer in pending:
-            requests.append(self.comm.Isend(self._bytes(view), peer, TAG))
-        self.MPI.Request.Waitall(requests)
-        self._combine(r, local, out, buffers.get("recv"), direct)
+    def _packs(self, block, box, piece):
+        """True if ``piece`` goes through a ring at this end: not one stretch of ``block``."""
+        return not block[sub_index(box, piece.box)].flags.c_contiguous
 
     def _first(self, i):
         """True if piece ``i`` is the first of its part (nothing to combine it with)."""
@@ -169,36 +178,3 @@ class Exchange:
 
     def _bytes(self, flat):
         return [flat.view("u1"), self.MPI.BYTE]
-
-    def _pack(self, block, subs, flat):
-        at = 0
-        for sub in subs:
-            view = block[sub_index(self.src_box, sub)]
-            flat[at:at + view.size].reshape(view.shape)[...] = view
-            at += view.size
-
-    def _combine(self, r, local, out, recvbuf, direct):
-        """Copy or combine segment ``r`` of every received piece into ``out``, in order."""
-        done = set()
-        for i, x in enumerate(self.recvs):
-            subs = segment_boxes(x.box, r, self._seg(x))
-            if not subs:
-                continue
-            if x.peer == self.rank:
-                values = [local[sub_index(self.src_box, b)] for b in subs]
-            elif direct.get(i) is None:
-                done.update(subs)
-                continue
-            else:
-                values, at = [], direct[i]
-                for b in subs:
-                    n = box_size(b)
-                    values.append(recvbuf[at:at + n].reshape(tuple(y - x for x, y in b)))
-                    at += n
-            for b, value in zip(subs, values):
-                target = out[sub_index(self.dst_box, b)]
-                if b in done:
-                    self.reduce(target, value, out=target)
-                else:
-                    target[...] = value
-                    done.add(b)

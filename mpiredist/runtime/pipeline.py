@@ -32,18 +32,19 @@ TAG = 0x6d72        # "mr": one tag for every part; order within a pair is MPI's
 # Posted and unfinished parts per side, at most: each holds Python objects
 # and an MPI request (about 0.5 KiB traced), and tiny parts (a low count
 # limit) would otherwise put thousands in flight at once.
-MAX_POSTED = 128
+MAX_POSTED = 32
 
 
 class Part:
     """One message, or one local value in the order of the receives.
 
     ``peer`` and either ``spec`` (an MPI buffer spec, sent or received as
-    is) or ``view`` (an array to pack from, or to unpack into).  A received
-    ``view`` takes the data by ``combine(view, data)`` when given (e.g. a
-    reduction into it), else by copy.  ``value``: no message; at its turn
-    among the receives, ``value`` goes into ``view`` the same way (a rank's
-    own piece, combined in order with the others).
+    is) or ``view`` (an array to pack from, or to unpack into; or a tuple
+    of arrays, packed one after another).  A received ``view`` takes the
+    data by ``combine(view, data)`` when given (e.g. a reduction into it),
+    else by copy.  ``value``: no message; at its turn among the receives,
+    ``value`` (an array, or a tuple like ``view``) goes into ``view`` the
+    same way (a rank's own piece, combined in order with the others).
     """
 
     __slots__ = ("peer", "spec", "view", "combine", "value")
@@ -53,7 +54,7 @@ class Part:
         self.combine, self.value = combine, value
 
     def __repr__(self):
-        what = "spec" if self.spec is not None else f"view {tuple(self.view.shape)}"
+        what = "spec" if self.spec is not None else f"{size(self.view)} elements"
         return f"Part(peer={self.peer}, {what})"
 
 
@@ -156,14 +157,21 @@ class _Recv:
         self.part, self.data, self.ring, self.entry, self.done = part, data, ring, entry, done
 
     def apply(self):
-        view = self.part.view
-        if view is not None and self.data is not None:
-            data = self.data.reshape(view.shape)
-            if self.part.combine is None:
-                view[...] = data
+        views, data = self.part.view, self.data
+        if views is not None and data is not None:
+            if isinstance(data, tuple):
+                pairs = zip(views, data)            # local values, one per view
+            elif isinstance(views, tuple):
+                pairs = _spans(views, data)         # one packed stretch
             else:
-                self.part.combine(view, data)
-            synchronize(view)       # a GPU unpack must end before the span is reused
+                pairs = [(views, data)]
+            for view, value in pairs:
+                value = value.reshape(view.shape)
+                if self.part.combine is None:
+                    view[...] = value
+                else:
+                    self.part.combine(view, value)
+                synchronize(view)   # a GPU unpack must end before the span is reused
         if self.ring is not None:
             self.ring.done(self.entry)
 
@@ -208,7 +216,7 @@ class _State:
             token = _Recv(part)
             self._add(self.comm.Irecv(part.spec, part.peer, self.tag), token)
         else:
-            room = self._room("recv", part.view.size)
+            room = self._room("recv", size(part.view))
             if room is None:
                 return False
             ring, entry, packed = room
@@ -224,11 +232,12 @@ class _State:
             self._add(self.comm.Isend(part.spec, part.peer, self.tag), None)
             self.sent += 1
             return True
-        room = self._room("send", part.view.size)
+        room = self._room("send", size(part.view))
         if room is None:
             return False
         ring, entry, packed = room
-        packed.reshape(part.view.shape)[...] = part.view
+        for view, span in _spans(part.view, packed):
+            span.reshape(view.shape)[...] = view
         synchronize(packed)
         self._add(self.comm.Isend(_bytes(self.MPI, packed), part.peer, self.tag),
                   (ring, entry))
@@ -280,6 +289,22 @@ class _State:
     def _drain(self):
         while self.arrived and self.arrived[0].done:
             self.arrived.popleft().apply()
+
+
+def size(view):
+    """Elements of an array, or of a tuple of arrays."""
+    return sum(v.size for v in view) if isinstance(view, tuple) else view.size
+
+
+def _spans(view, flat):
+    """``(array, its stretch of flat)`` for an array or each of a tuple of arrays."""
+    if not isinstance(view, tuple):
+        return [(view, flat[:view.size])]
+    out, at = [], 0
+    for v in view:
+        out.append((v, flat[at:at + v.size]))
+        at += v.size
+    return out
 
 
 def _bytes(MPI, packed):

@@ -48,7 +48,7 @@ from .counts import allreduce, message, reduce_limit, reduce_scatter_parts, unit
 from .packing import group_sides, move, one_call, reduce_move
 
 __all__ = ["execute", "run_steps", "run_step", "after_slice", "mpi_op", "reduce_then_gather",
-           "Region", "StepRecord"]
+           "reduction_room", "Region", "StepRecord"]
 
 
 def execute(plan, local, mc, records=None, slack=None, ctx=None, out=None):
@@ -254,7 +254,7 @@ def _reduce_scatter(ctx, index, region, into):
     if sum(counts) <= reduce_limit(ctx):
         _reduce_scatter_once(ctx, comm, region, j, parts, counts, out)
     elif not reduce_move(ctx, comm, region, Region(out), boxes, REDUCERS[ctx.plan.src.op],
-                         send_packs):
+                         send_packs, reduction_room(ctx)):
         reduce_scatter_parts(ctx, comm, parts, out, mpi_op(ctx))
     me = comm.Get_rank()
     sent = sum(c for m, c in enumerate(counts) if m != me)
@@ -294,6 +294,14 @@ def _all_reduce(ctx, index, region, into):
     return Region(out), 2 * out.size * (g - 1) // g * ctx.itemsize
 
 
+def reduction_room(ctx):
+    """Bytes for a reduction's rings: the pack room, or the reduction room
+    where that is larger (the budget sets it aside for reductions: MPI's
+    buffers in rounds of ``Reduce_scatter`` or ``Allreduce``, which this
+    replaces).  From the plan and W: alike on every rank."""
+    return max(ctx.slack, ctx.reduce_room)
+
+
 def reduce_then_gather(ctx, comm, flat, whole):
     """All-reduce as slices: member m reduces ``[m n / g, (m + 1) n / g)``
     (:func:`~mpiredist.runtime.packing.reduce_move`), then every slice is
@@ -307,7 +315,8 @@ def reduce_then_gather(ctx, comm, flat, whole):
     bounds = [m * n // g for m in range(g + 1)]
     pieces = {m: ((bounds[m],), (bounds[m + 1] - bounds[m],)) for m in range(g)}
     mine = Region(whole, *pieces[me])
-    if not reduce_move(ctx, comm, Region(flat), mine, pieces, REDUCERS[ctx.plan.src.op], False):
+    if not reduce_move(ctx, comm, Region(flat), mine, pieces, REDUCERS[ctx.plan.src.op], False,
+                       reduction_room(ctx)):
         return False
     counts = [(bounds[m + 1] - bounds[m]) * size for m in range(g)]
     synchronize(whole)

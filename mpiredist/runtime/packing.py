@@ -66,7 +66,7 @@ def parts(shape, limit):
     return out
 
 
-def part_limit(ctx, sides):
+def part_limit(ctx, sides, room=None):
     """Elements per part, from the plan and the budget alone (every rank
     computes the same): ``sides`` is ``(send, recv)``, whether the sends and
     the receives of the move pack (:func:`group_sides`, :func:`rank0_sides`).
@@ -75,12 +75,13 @@ def part_limit(ctx, sides):
     its side's share, so that several parts are in flight while the next is
     packed, or the whole share if that part would be under ``MIN_PART``
     bytes.  No limit (parts that do not fit go as datatypes) when nothing
-    packs or the share itself is under ``MIN_PART``.
+    packs or the share itself is under ``MIN_PART``.  ``room``: the bytes of
+    the rings, if not ``ctx.slack``.
     """
     packing = sum(map(bool, sides))
     if not packing:
         return math.inf
-    share = ctx.slack // packing // ctx.itemsize
+    share = (ctx.slack if room is None else room) // packing // ctx.itemsize
     for depth in (DEPTH, 1):
         if share // depth * ctx.itemsize >= MIN_PART:
             return share // depth
@@ -160,7 +161,7 @@ def move(ctx, comm, region, out, pieces_out, pieces_in, sides=(True, True), coll
                  send_buffer, recv_buffer)
 
 
-def reduce_move(ctx, comm, region, out, pieces_out, reducer, send_packs):
+def reduce_move(ctx, comm, region, out, pieces_out, reducer, send_packs, room):
     """A reduce-scatter by parts: ``pieces_out[m]`` (boxes relative to
     ``region``) goes to member m; what the members send this rank is
     combined into ``out`` (a :class:`Region`) by ``reducer`` (``np.add``...).
@@ -170,11 +171,12 @@ def reduce_move(ctx, comm, region, out, pieces_out, reducer, send_packs):
     receive goes through the receive ring and is combined in a fixed order,
     this rank's own piece first and then the member 1, 2, ... ranks back, so
     the result is the same on every run and on every replica of the group.
-    Memory: the slack only; MPI reduces nothing, so it allocates nothing.
-    ``False`` (nothing done) when the slack cannot hold parts of
+    Memory: ``room`` bytes for both rings (the reduction's share of the
+    budget, agreed by every rank); MPI reduces nothing, so it allocates
+    nothing.  ``False`` (nothing done) when ``room`` cannot hold parts of
     ``MIN_PART`` bytes: the caller reduces in rounds instead.
     """
-    limit = part_limit(ctx, (send_packs, True))
+    limit = part_limit(ctx, (send_packs, True), room)
     if limit == math.inf:
         return False
     limit = min(limit, ctx.count_limit // ctx.itemsize)
@@ -184,7 +186,7 @@ def reduce_move(ctx, comm, region, out, pieces_out, reducer, send_packs):
     whole = ((0,) * len(out.shape), tuple(out.shape))
     recvs = _Sequence({p: whole for p in back}, back, limit)
     send_need = sum(math.prod(box[1]) for _, box in sends if not _is_run(region, box))
-    share = ctx.slack // ctx.itemsize // (2 if send_packs or send_need else 1)
+    share = room // ctx.itemsize // (2 if send_packs or send_need else 1)
     send_room = min(share, DEPTH * limit, send_need)
     recv_room = min(share, DEPTH * limit, sum(math.prod(box[1]) for _, box in recvs))
     send_buffer, recv_buffer = _buffers(ctx, send_room, recv_room)

@@ -22,7 +22,7 @@ MIB = 1 << 20
 # (measured: 240 KiB for c01 at 2 ranks, tracemalloc, tests/mpi/test_memory.py).
 MARGIN = 512 << 10
 
-__all__ = ["default_workspace", "workspace_for", "Budget", "assess", "inplace_reason", "frame_shape",
+__all__ = ["default_workspace", "workspace_for", "reduction_room", "Budget", "assess", "inplace_reason", "frame_shape",
            "buffer_bytes", "out_of_place_peak", "Choice", "choose", "in_place_plan",
            "contract_limit", "fresh_buffer_fits", "MARGIN"]
 
@@ -82,15 +82,26 @@ def buffer_bytes(plan):
     return max([plan.peak_local_bytes, plan.src_local_bytes, plan.dst_local_bytes, *frames])
 
 
-def out_of_place_peak(plan):
-    """E of the out-of-place executor: outputs of consecutive steps coexist."""
+def reduction_room(workspace):
+    """Bytes one reduction call may carry (MPI allocates about as much inside
+    it): half the workspace, at least 64 KiB.  Larger reductions go by parts
+    (:mod:`mpiredist.runtime.executor`)."""
+    return max(1 << 16, workspace // 2)
+
+
+def out_of_place_peak(plan, workspace=None):
+    """E of the out-of-place executor: outputs of consecutive steps coexist,
+    and a reduce-scatter may pack its block, or stage up to twice the
+    reduction room, beside them."""
     itemsize = plan.dtype.itemsize
+    w = default_workspace(plan) if workspace is None else workspace
     live = peak = 0
     for step in plan.steps:
         if step.op == "slice":
             continue
         out = _bytes(step.local_shape_after, itemsize)
-        extra = _bytes(step.local_shape_before, itemsize) if step.op == "reduce_scatter" else 0
+        extra = min(_bytes(step.local_shape_before, itemsize), 2 * reduction_room(w)) \
+            if step.op == "reduce_scatter" else 0
         peak = max(peak, live + out + extra)
         live = out
     return peak
@@ -138,7 +149,7 @@ def assess(plan, donate=False, workspace=None):
     grow = buffer - s if donate else buffer
     extra = max((_bytes(plan.steps[i].local_shape_after, plan.dtype.itemsize)
                  for i, _ in blocked), default=0)
-    return Budget(w, limit, grow + min(w, buffer) + extra, out_of_place_peak(plan), blocked)
+    return Budget(w, limit, grow + min(w, buffer) + extra, out_of_place_peak(plan, w), blocked)
 
 
 @dataclass(frozen=True)

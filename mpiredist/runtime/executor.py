@@ -40,7 +40,7 @@ import numpy as np
 from ..core.backend import array_module, c_contiguous, synchronize
 from ..core.blocks import rank_block
 from ..core.errors import CommunicationError
-from ..planning.budget import MARGIN, assess
+from ..planning.budget import MARGIN, assess, reduction_room
 from ..planning.exchange import REDUCERS
 from ..planning.routing import member_digits, permute_dest, permute_source
 from .context import Context, Region, StepRecord, relative, volume
@@ -48,7 +48,7 @@ from .counts import allreduce, message, reduce_limit, reduce_scatter_parts, unit
 from .packing import group_sides, move, one_call, reduce_move
 
 __all__ = ["execute", "run_steps", "run_step", "after_slice", "mpi_op", "reduce_then_gather",
-           "reduction_room", "Region", "StepRecord"]
+           "reduction_rings", "Region", "StepRecord"]
 
 
 def execute(plan, local, mc, records=None, slack=None, ctx=None, out=None):
@@ -72,7 +72,7 @@ def execute(plan, local, mc, records=None, slack=None, ctx=None, out=None):
         slack = fits.limit - fits.out_of_place_peak
     ctx.slack, ctx.sliced = max(0, slack - MARGIN), False
     if own:
-        ctx.reduce_room = max(1 << 16, assess(plan).workspace // 2)
+        ctx.reduce_room = reduction_room(assess(plan).workspace)
     try:
         if not c_contiguous(local):
             local = ctx.xp.ascontiguousarray(local)
@@ -254,7 +254,7 @@ def _reduce_scatter(ctx, index, region, into):
     if sum(counts) <= reduce_limit(ctx):
         _reduce_scatter_once(ctx, comm, region, j, parts, counts, out)
     elif not reduce_move(ctx, comm, region, Region(out), boxes, REDUCERS[ctx.plan.src.op],
-                         send_packs, reduction_room(ctx)):
+                         send_packs, reduction_rings(ctx)):
         reduce_scatter_parts(ctx, comm, parts, out, mpi_op(ctx))
     me = comm.Get_rank()
     sent = sum(c for m, c in enumerate(counts) if m != me)
@@ -294,7 +294,7 @@ def _all_reduce(ctx, index, region, into):
     return Region(out), 2 * out.size * (g - 1) // g * ctx.itemsize
 
 
-def reduction_room(ctx):
+def reduction_rings(ctx):
     """Bytes for a reduction's rings: the pack room, or the reduction room
     where that is larger (the budget sets it aside for reductions: MPI's
     buffers in rounds of ``Reduce_scatter`` or ``Allreduce``, which this
@@ -316,7 +316,7 @@ def reduce_then_gather(ctx, comm, flat, whole):
     pieces = {m: ((bounds[m],), (bounds[m + 1] - bounds[m],)) for m in range(g)}
     mine = Region(whole, *pieces[me])
     if not reduce_move(ctx, comm, Region(flat), mine, pieces, REDUCERS[ctx.plan.src.op], False,
-                       reduction_room(ctx)):
+                       reduction_rings(ctx)):
         return False
     counts = [(bounds[m + 1] - bounds[m]) * size for m in range(g)]
     synchronize(whole)

@@ -44,7 +44,7 @@ from ..planning.routing import member_digits, permute_dest, permute_source
 from . import packing, pipeline
 from .context import Region, StepRecord, relative
 from .counts import allreduce, message, reduce_limit, reduce_scatter, unit
-from .executor import mpi_op, reduce_then_gather, reduction_room, run_step
+from .executor import mpi_op, reduce_then_gather, reduction_rings, run_step
 from .inplace import compact, expand, transpose
 from .packing import contiguous_box, flat_offset
 from .workbuffer import WorkBuffer
@@ -321,7 +321,7 @@ def _scatter_by_parts(run, comm, flat, counts):
     pieces = {m: ((offsets[m],), (c,)) for m, c in enumerate(counts)}
     mine = Region(flat, *pieces[me])
     if not packing.reduce_move(run.ctx, comm, Region(flat), mine, pieces,
-                               REDUCERS[run.plan.src.op], False, reduction_room(run.ctx)):
+                               REDUCERS[run.plan.src.op], False, reduction_rings(run.ctx)):
         return False
     size = run.itemsize
     compact(run.buf, (sum(counts) * size,), (offsets[me] * size,), (counts[me] * size,), 1,

@@ -36,7 +36,7 @@ from ..core.errors import BudgetWarning, DonationWarning, PlanError, ShapeError
 from ..core.subaxes import expand, rank_digits
 from ..planning import planner
 from ..planning.budget import (Choice, assess, buffer_bytes, choose, default_workspace,
-                                fresh_buffer_fits, in_place_plan)
+                                fresh_buffer_fits, in_place_plan, reduction_room)
 from ..planning.plans import _bytes as format_bytes
 from .agree import agree_flags, check_together
 from .comm import base_comm, check_size, mesh_comm
@@ -370,7 +370,7 @@ class Transfer:
         choice = self._choices[variant]
         if variant not in self._contexts:
             ctx = self._contexts[variant] = Context(choice.plan, self._mc, array_module(local))
-            ctx.reduce_room = max(1 << 16, choice.budget.workspace // 2)
+            ctx.reduce_room = reduction_room(choice.budget.workspace)
             fits = choice.budget
             if choice.inplace and fits.inplace_peak > fits.limit:
                 warnings.warn(BudgetWarning(f"Transfer {self._plan.src} -> {self._plan.dst}: "

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..core.blocks import rank_block
 from ..planning.budget import (MARGIN, buffer_bytes, contract_limit, frame_shape,
-                               fresh_buffer_fits)
+                               fresh_buffer_fits, reduction_room)
 from .context import Region, StepRecord
 from .executor import run_step
 from .inplace import compact
@@ -58,7 +58,7 @@ class WorkBuffer:
         self.owner = local if donate and not fresh else None
         self.in_block = self.owner is not None      # the same on every rank (from the plan)
         ctx.slack, ctx.sliced = workspace // 2, False     # pack buffers of a later exchange
-        ctx.reduce_room = max(1 << 16, workspace // 2)    # a reduction's rounds
+        ctx.reduce_room = reduction_room(workspace)       # a reduction's rounds
         self.filled = []        # records of the steps run while filling the buffer
         if self.owner is not None and self.resizable:
             local.shape = (local.size,)         # grown when a step needs it (reserve)

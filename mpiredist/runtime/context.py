@@ -18,7 +18,7 @@ from ..core.subaxes import rank_digits
 from ..planning.routing import exchange_recvs, exchange_sends, member_digits
 from .comm import mpi
 from .counts import count_limit, message
-from .packing import contiguous_box, flat_offset, rank0_sides
+from .packing import rank0_sides
 
 __all__ = ["Region", "StepRecord", "Context", "relative"]
 
@@ -154,21 +154,6 @@ class Context:
         t = self.elem.Create_subarray(list(region.base.shape), list(shape), starts).Commit()
         self.types.append(t)
         return 1, t
-
-    def piece(self, region, box):
-        """``(count, byte displacement, datatype)`` of ``box`` inside ``region``.
-
-        A box that is one contiguous run of the base array goes as plain
-        bytes at an offset (fast in MPICH); any other as a subarray type.
-        """
-        rel, shape = box
-        starts = [a + b for a, b in zip(region.starts, rel)]
-        full = region.base.shape
-        if math.prod(shape) and contiguous_box(full, starts, shape):
-            offset = flat_offset(full, starts) * self.itemsize
-            return math.prod(shape) * self.itemsize, offset, self.MPI.BYTE
-        count, t = self.subarray(region, box)
-        return count, 0, t
 
     def whole(self, region):
         """Buffer spec of all of ``region``: plain bytes when it is contiguous in memory."""

@@ -62,7 +62,9 @@ class _Comm:
         self.world, self.rank = world, rank
 
     def Isend(self, spec, dest, tag):
-        return self.world.post("send", self.rank, dest, _bytes(spec).copy())
+        # not copied: the data is read when the receive matches, as in a
+        # rendezvous, so a place reused before its send finished shows
+        return self.world.post("send", self.rank, dest, _bytes(spec))
 
     def Irecv(self, spec, source, tag):
         return self.world.post("recv", source, self.rank, _bytes(spec))
@@ -198,14 +200,32 @@ def test_random_parts_arrive_without_deadlock(seed):
             assert np.array_equal(received[pair, r], _payload(pair, r, count)), (pair, r)
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_paired_swap_in_place(seed):
+# How a paired run may take its parts: packed sends with straight or ring
+# receives, or straight sends with ring receives (the one-buffer executor's).
+MODES = [("packed", "straight"), ("packed", "ring"), ("straight", "ring")]
+
+
+def _paired_parts(peer, view, mode):
+    send, recv = mode
+    spec = [view, view.nbytes, "BYTE"]
+    return (Part(peer, view=view) if send == "packed" else Part(peer, spec=spec),
+            Part(peer, view=view) if recv == "ring" else Part(peer, spec=spec))
+
+
+def _rings(mode, room):
+    send, recv = mode
+    return (np.empty(room) if send == "packed" else None,
+            np.empty(room) if recv == "ring" else None)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("seed", range(15))
+def test_paired_swap_in_place(seed, mode):
     """The one-buffer all-to-all's swap: slot p goes to p and is replaced, in parts."""
     rng = np.random.default_rng(seed)
     n, length = int(rng.integers(2, 7)), int(rng.integers(1, 30))
-    part, room = int(rng.integers(1, length + 1)), None
+    part = int(rng.integers(1, length + 1))
     room = part * int(rng.integers(1, 4))
-    strided = bool(rng.integers(2))
     slots = {r: np.arange(n * length, dtype=np.float64).reshape(n, length) + 1000 * r
              for r in range(n)}
 
@@ -217,18 +237,63 @@ def test_paired_swap_in_place(seed):
             if p == me:
                 continue
             for lo in range(0, length, part):
-                view = buf[p, lo:lo + part]
-                sends.append(Part(p, view=view))
-                recvs.append(Part(p, view=view) if strided else
-                             Part(p, spec=[view, view.nbytes, "BYTE"]))
-        pipeline.run(_MPI, comm, sends, recvs, np.empty(room),
-                     np.empty(room) if strided else None, paired=True)
+                s, r = _paired_parts(p, buf[p, lo:lo + part], mode)
+                sends.append(s)
+                recvs.append(r)
+        pipeline.run(_MPI, comm, sends, recvs, *_rings(mode, room), paired=True)
 
     _run_ranks(n, body)
     for me in range(n):
         for p in range(n):
             want = np.arange(me * length, (me + 1) * length) + 1000 * p
             assert np.array_equal(slots[me][p], want), (me, p)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("seed", range(15))
+def test_paired_permute_around_a_cycle(seed, mode):
+    """The one-buffer permute: every rank sends its block to the next one and
+    takes the previous one's in its place, in parts; the cycle is where a
+    wrong release order would deadlock or overwrite unsent data."""
+    rng = np.random.default_rng(seed)
+    n, length = int(rng.integers(2, 7)), int(rng.integers(1, 40))
+    part = int(rng.integers(1, length + 1))
+    room = part * int(rng.integers(1, 4))
+    blocks = {r: np.arange(length, dtype=np.float64) + 1000 * r for r in range(n)}
+
+    def body(me, comm):
+        buf = blocks[me]
+        sends, recvs = [], []
+        for lo in range(0, length, part):
+            s, _ = _paired_parts((me + 1) % n, buf[lo:lo + part], mode)
+            _, r = _paired_parts((me - 1) % n, buf[lo:lo + part], mode)
+            sends.append(s)
+            recvs.append(r)
+        pipeline.run(_MPI, comm, sends, recvs, *_rings(mode, room), paired=True)
+
+    _run_ranks(n, body)
+    for me in range(n):
+        assert np.array_equal(blocks[me], np.arange(length) + 1000 * ((me - 1) % n)), me
+
+
+def test_paired_straight_both_ways_is_refused():
+    """A straight receive over a straight send of the same place would wait for
+    the send to finish, which waits for the peer's receive: refused, not hung."""
+    errors = []
+
+    def body(me, comm):
+        view = np.zeros(4)
+        spec = [view, view.nbytes, "BYTE"]
+        try:
+            pipeline.run(_MPI, comm, [Part(1 - me, spec=spec)], [Part(1 - me, spec=spec)],
+                         None, None, paired=True)
+        except ValueError as exc:
+            errors.append(exc)
+            raise
+
+    with pytest.raises(ValueError, match="straight receive over a straight send"):
+        _run_ranks(2, body)
+    assert len(errors) == 2
 
 
 def test_unpaired_in_place_swap_can_overwrite():

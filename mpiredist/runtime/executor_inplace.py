@@ -13,8 +13,9 @@ all_gather     expand own block to its slot, ``Allgather(v)(MPI_IN_PLACE)``
                resized vector datatype)
 all_to_all     block transpose that makes each member's piece one slot
                (before the swap if the split dim is the inner one, after it
-               otherwise), slots swapped pairwise in parts, pipelined
-               through rings of at most half the workspace
+               otherwise), slots swapped pairwise in parts, pipelined:
+               contiguous parts sent straight, what arrives held in a
+               ring of at most half the workspace until its slot is sent
 reduce_scatter block transpose if the dim is not outermost, then
                ``Reduce_scatter(MPI_IN_PLACE)``; beyond the reduction room,
                pipelined parts combined by numpy into this member's part,
@@ -22,7 +23,8 @@ reduce_scatter block transpose if the dim is not outermost, then
 all_reduce     ``Allreduce(MPI_IN_PLACE)``; beyond the reduction room, the
                same by slices, then ``Allgather(MPI_IN_PLACE)``
 permute        ``Sendrecv`` when both blocks fit the buffer, else parts
-               pipelined through a ring of half the workspace
+               sent straight, received through a ring of half the
+               workspace, copied in once their place is sent
 exchange       not in place: an extra output buffer (the budget says so)
 ============== ==========================================================
 
@@ -246,25 +248,26 @@ def _swap(run, comm, a, length):
     Slot ``m`` (``[:, m, :]``) goes to member ``m`` and is replaced by what
     ``m`` sends.  Pairwise: this member swaps with ``(k - me) mod g`` at
     place k of the order (a symmetric pairing, every pair once), in parts,
-    pipelined (:func:`mpiredist.runtime.pipeline.run`, ``paired``): a part is
-    packed into the send ring before its place is received into, straight
-    when it is contiguous (``a == 1``), else through the receive ring.
-    Unlike ``MPI_IN_PLACE`` collectives, all the memory used is visible and
-    bounded: the rings take at most ``run.chunk`` bytes.
+    pipelined (:func:`mpiredist.runtime.pipeline.run`, ``paired``): a
+    contiguous part (``a == 1``) is sent straight from its slot, a strided
+    one packed into the send ring; what arrives waits in the receive ring
+    until its place is released, then is copied in.  Unlike ``MPI_IN_PLACE``
+    collectives, all the memory used is visible and bounded: the rings take
+    at most ``run.chunk`` bytes.
     """
     g, me = comm.Get_size(), comm.Get_rank()
     slots = run.buf[:a * g * length].reshape(a, g, length)
-    halves = 1 if a == 1 else 2                     # strided slots also unpack
+    halves = 1 if a == 1 else 2                     # strided slots also pack
     share = run.chunk // halves
     cut = packing.parts((a, length), _part_bytes(run, share))
     order = [(k - me) % g for k in range(g) if (k - me) % g != me]
     room = min(share, (g - 1) * a * length)
     B = run.MPI.BYTE
     pipeline.run(run.MPI, comm,
-                 (pipeline.Part(p, view=v) for p, v in _slot_parts(slots, order, cut)),
                  (pipeline.Part(p, spec=[v, v.size, B]) if a == 1 else pipeline.Part(p, view=v)
                   for p, v in _slot_parts(slots, order, cut)),
-                 np.empty(room, np.uint8), np.empty(room, np.uint8) if a > 1 else None,
+                 (pipeline.Part(p, view=v) for p, v in _slot_parts(slots, order, cut)),
+                 np.empty(room, np.uint8) if a > 1 else None, np.empty(room, np.uint8),
                  paired=True)
 
 
@@ -346,11 +349,11 @@ def _permute(run, step):
     one message and rounds comes from the plan: straight into free space of
     the buffer when the largest blocks before and after fit beside each
     other in a buffer whose size is the same on every rank (not a donated
-    block's own memory, whose size differs); otherwise in parts, pipelined
-    through a send ring of at most half the workspace: part k is packed
-    into the ring, then part k of the incoming block is received straight
-    into the front (it overwrites only what parts 0..k held: the block
-    starts at or after the front).
+    block's own memory, whose size differs); otherwise in parts, pipelined:
+    every part is sent straight from the block, and part k of the incoming
+    block waits in a receive ring of at most half the workspace until send
+    k has finished, then is copied to the front (it overwrites only what
+    parts 0..k held: the block starts at or after the front).
     """
     mc, plan = run.mc, run.plan
     dest = permute_dest(plan.mesh, step.before, step.after, mc.digits)
@@ -372,14 +375,19 @@ def _permute(run, step):
     rounds = -(-math.prod(step.local_shape_before) * run.itemsize // chunk)
     starts = range(0, rounds * chunk, chunk)     # receive k overwrites what sends 0..k read
     pipeline.run(run.MPI, mc.comm,
-                 (pipeline.Part(dest, view=run.buf[o + lo:o + lo + max(0, min(chunk, send - lo))])
+                 (pipeline.Part(dest, spec=[run.buf[o + lo:o + lo + _span(chunk, send, lo)],
+                                            _span(chunk, send, lo), B])
                   for lo in starts),
-                 (pipeline.Part(source, spec=[run.buf[lo:lo + max(0, min(chunk, recv - lo))],
-                                              max(0, min(chunk, recv - lo)), B])
+                 (pipeline.Part(source, view=run.buf[lo:lo + _span(chunk, recv, lo)])
                   for lo in starts),
-                 np.empty(min(run.chunk, max(send, 1)), np.uint8), None, paired=True)
+                 None, np.empty(min(run.chunk, max(recv, 1)), np.uint8), paired=True)
     run.offset, run.shape = 0, out
     return send if dest != mc.rank else 0
+
+
+def _span(chunk, total, lo):
+    """Bytes of the part at ``lo`` of ``total`` bytes cut every ``chunk``."""
+    return max(0, min(chunk, total - lo))
 
 
 def _out_of_place(run, index):

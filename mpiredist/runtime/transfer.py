@@ -334,8 +334,11 @@ class Transfer:
         return self.run_agreed(local, out, "numpy", False, NOT_DONATED, records)
 
     def judge(self, local, extra_refs):
-        """This rank's :class:`~mpiredist.runtime.donation.Donation` for ``local``."""
-        return judge(self._plan, self._donate, self._workspace, local, extra_refs)
+        """This rank's :class:`~mpiredist.runtime.donation.Donation` for ``local``
+        (from the donated choice made once, at set-up)."""
+        if not self._donate:
+            return NOT_DONATED
+        return judge_given(self._choices["given"].plan, self._workspace, local, extra_refs)
 
     def run_agreed(self, local, out, kind, donate_ok, verdict=None, records=None):
         """Run with the per-run facts already agreed by every rank (no check).
@@ -432,8 +435,13 @@ def judge(plan, donate, workspace, local, extra_refs):
     if not donate:
         return NOT_DONATED
     w = default_workspace(plan) if workspace is None else workspace
-    given = donated_choice(plan, w).plan
-    return judge_donation(local, extra_refs, buffer_bytes(given), fresh_buffer_fits(given, w))
+    return judge_given(donated_choice(plan, w).plan, w, local, extra_refs)
+
+
+def judge_given(given, workspace, local, extra_refs):
+    """:func:`judge` when the donated run's plan ``given`` is already chosen."""
+    return judge_donation(local, extra_refs, buffer_bytes(given),
+                          fresh_buffer_fits(given, workspace))
 
 
 class _Sizes:

@@ -119,3 +119,37 @@ def test_own_case_with_partial_sums_and_uneven_shape(comm):
     _check(comm, rc, doc, {("user", s) for s in strategies})
     times = [len(r["times_s"]) for r in doc["records"]]
     all_ok(comm, times == [2] * len(strategies), f"repeats per record {times}")
+
+
+@pytest.mark.mpi
+def test_floors_move_the_right_data_and_report_both_ratios(comm):
+    from mpiredist.bench import floors
+
+    rc, doc = run_json(comm, floors.main, ["--mib", "0.05", "--repeats", "2"])
+    all_ok(comm, rc == 0 and doc["correct"] is True, f"floors rc {rc}, correct {doc['correct']}")
+    all_ok(comm, set(doc["median_s"]) == set(floors.KINDS), f"kinds {sorted(doc['median_s'])}")
+    all_ok(comm, all(t > 0 for t in doc["median_s"].values()), f"times {doc['median_s']}")
+    want = {f"{a}/{b}" for a, b, _ in floors.RATIOS}
+    all_ok(comm, set(doc["ratios"]) == want, f"ratios {sorted(doc['ratios'])}")
+
+
+@pytest.mark.mpi
+def test_floors_check_fails_on_wrong_data(comm):
+    """The check compares real contents: a block that did not arrive fails it."""
+    from mpiredist.bench.floors import Floors
+
+    f = Floors(comm, 0.01)
+    f.sendrecv = lambda: f.aside.fill(-1)           # the block never arrives
+    all_ok(comm, not f.check(), "a missing block passed the check")
+
+
+@pytest.mark.mpi
+def test_overhead_table_has_every_kind(comm):
+    from mpiredist.bench import overhead
+
+    rc, doc = run_json(comm, overhead.main, ["--bytes", "1024", "--repeats", "2",
+                                             "--cases", "c01"])
+    rows = doc["rows"]
+    all_ok(comm, rc == 0 and len(rows) == 1, f"overhead rc {rc}, {len(rows)} rows")
+    missing = [k for k in overhead.KINDS if not rows[0].get(f"{k}_us", 0) > 0]
+    all_ok(comm, not missing, f"no time for {missing}")

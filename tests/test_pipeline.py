@@ -276,6 +276,28 @@ def test_paired_permute_around_a_cycle(seed, mode):
         assert np.array_equal(blocks[me], np.arange(length) + 1000 * ((me - 1) % n)), me
 
 
+@pytest.mark.parametrize("mode", MODES[1:])
+def test_paired_more_receives_than_sends(mode):
+    """A permute whose incoming block has more parts than the outgoing one:
+    the receives past the last send wait only until every send has finished."""
+    n, part, sizes = 3, 4, {0: 5, 1: 9, 2: 14}          # rank r sends sizes[r]
+    blocks = {r: np.arange(max(sizes.values()), dtype=np.float64) + 100 * r for r in range(n)}
+
+    def body(me, comm):
+        buf, dest, source = blocks[me], (me + 1) % n, (me - 1) % n
+        sends = [_paired_parts(dest, buf[lo:min(lo + part, sizes[me])], mode)[0]
+                 for lo in range(0, sizes[me], part)]
+        recvs = [_paired_parts(source, buf[lo:min(lo + part, sizes[source])], mode)[1]
+                 for lo in range(0, sizes[source], part)]
+        pipeline.run(_MPI, comm, sends, recvs, *_rings(mode, part), paired=True)
+
+    _run_ranks(n, body)
+    for me in range(n):
+        source = (me - 1) % n
+        assert np.array_equal(blocks[me][:sizes[source]],
+                              np.arange(sizes[source]) + 100 * source), me
+
+
 def test_paired_straight_both_ways_is_refused():
     """A straight receive over a straight send of the same place would wait for
     the send to finish, which waits for the peer's receive: refused, not hung."""

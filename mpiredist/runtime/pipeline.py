@@ -131,6 +131,7 @@ def run(MPI, comm, sends, recvs, send_buffer, recv_buffer, tag=TAG, paired=False
                 recvs.advance()
             while sends and state.post_send(sends.head):
                 sends.advance()
+            state.all_sent = not sends
         if not sends and not recvs:
             state.finish()
             break
@@ -214,6 +215,7 @@ class _State:
         self.received = 0                       # receives posted
         self.holding = deque()                  # _Send not yet released, in posting order
         self.released = 0                       # leading sends whose place is free
+        self.all_sent = False                   # every send posted
         self.flying = {"send": 0, "recv": 0}    # posted, not yet seen finished
 
     def may_post(self, part):
@@ -336,8 +338,10 @@ class _State:
             self.arrived.popleft().apply()
 
     def _free(self, token):
-        """True when ``token``'s place may be written (always, unless paired)."""
-        return not self.paired or token.index < self.released
+        """True when ``token``'s place may be written (always, unless paired;
+        then once sends 0..index have released theirs, or all sends have)."""
+        return (not self.paired or token.index < self.released
+                or self.all_sent and not self.holding)
 
 
 def size(view):

@@ -10,15 +10,20 @@ each one sequence of parts, posted in order as soon as there is room:
 * a part given as an array view is packed into the send ring, or received
   into the receive ring and unpacked as soon as it arrives;
 * when the next part does not fit its ring, the rank waits for *any* of its
-  posted parts to finish (``Waitsome``), unpacks what arrived, and frees
-  ring space oldest first.
+  posted parts to finish (``Testsome`` between yields of the CPU, see
+  :meth:`_State.wait_some`), unpacks what arrived, and frees ring space
+  oldest first;
+* in place (``paired``), what arrives waits in the receive ring until the
+  sends that read its place have released it.
 
 Both ends of every message post it at the same place in their sequence
 relative to the other messages between them (callers order parts by
 ``(part index, peer offset)``, which both ends compute), so MPI's
 non-overtaking order matches every send with its receive under one tag.
 No deadlock: the incomplete message with the smallest key has every earlier
-part of both its ends finished, so both rings have room for it.
+part of both its ends finished, so both rings have room for it (in place,
+the receiver's earlier sends have finished too, so what waited in its ring
+has been applied and freed: send i and receive i of a rank share a key).
 """
 
 import os

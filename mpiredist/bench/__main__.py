@@ -16,8 +16,8 @@ from ..core.mesh import Mesh
 
 __all__ = ["build_parser", "main", "QUICK_SCALE", "QUICK_REPEATS"]
 
-ALL_STRATEGIES = ("collectives", "inplace", "donated", "xla", "replicate", "direct", "raw",
-                  "raw_packed")
+ALL_STRATEGIES = ("collectives", "into_out", "inplace", "donated", "xla", "replicate",
+                  "direct", "raw", "raw_packed")
 # --quick: 17 cases x 7 strategies at 8 ranks on 2 cores in under 2 minutes
 # (measured 20 s); 7 repeats because at 0.5 MiB blocks two runs of one plan
 # differ by up to 30 % in medians of 3.
@@ -34,6 +34,9 @@ strategies:
                (mpiredist.runtime.executor) when that fits the memory contract, else
                the plan without exchange steps in one buffer; the table's
                "exec" column says which
+  into_out     the same, into an out= array allocated once (Transfer.run(block,
+               out=out)), as a loop of repeated redistributions runs it: no
+               fresh output pages per run, pack buffers kept
   inplace      the collectives plan as redistribute runs it in one buffer
                (mpiredist.runtime.executor_inplace, W = default workspace): without
                exchange steps (allow_exchange=False) unless its only

@@ -206,6 +206,16 @@ def summarize(records):
         s = _speedups(records, other)
         out[f"geomean_collectives_vs_{other}"] = geomean(s.values())
         out[f"cases_collectives_vs_{other}"] = len(s)
+    runs = _by_case(records)
+    differ = {c: x for c, x in _speedups(records, "xla").items()
+              if not _same_plan(runs[c]["collectives"], runs[c]["xla"])}
+    out["geomean_collectives_vs_xla_where_plans_differ"] = geomean(differ.values())
+    out["cases_collectives_vs_xla_where_plans_differ"] = len(differ)
+    for s in ("collectives", "into_out"):
+        values = [r["ratio_vs_raw"] for r in records
+                  if r["strategy"] == s and r.get("ratio_vs_raw") is not None]
+        out[f"geomean_{s}_vs_raw"] = geomean(values)
+        out[f"worst_{s}_vs_raw"] = max(values, default=None)
     worst = max((r for r in records if r["strategy"] not in ("raw", "raw_packed")
                  and r.get("ratio_vs_raw") is not None),
                 key=lambda r: r["ratio_vs_raw"], default=None)
@@ -343,6 +353,11 @@ def _indent(text):
 def format_summary(summary):
     """The summary as a few readable lines and two small tables."""
     lines = [_speedup_line(summary)]
+    raw = [f"{s} {summary[f'geomean_{s}_vs_raw']:.2f}x (worst {summary[f'worst_{s}_vs_raw']:.2f}x)"
+           for s in ("collectives", "into_out")
+           if summary.get(f"geomean_{s}_vs_raw") is not None]
+    if raw:
+        lines.append("geomean time over raw, cases that move data: " + ", ".join(raw))
     w = summary.get("worst_ratio_vs_raw")
     if w:
         lines.append(f"worst time ratio vs raw: {w['ratio']:.2f}x ({w['case']}, "
@@ -364,7 +379,10 @@ def _speedup_line(summary):
         v = summary.get(key)
         return "-" if v is None else f"{v:.2f}x"
     return (f"geomean speed-up of collectives: vs xla {g('geomean_collectives_vs_xla')} "
-            f"({summary.get('cases_collectives_vs_xla', 0)} cases), vs replicate "
+            f"({summary.get('cases_collectives_vs_xla', 0)} cases; "
+            f"{g('geomean_collectives_vs_xla_where_plans_differ')} over the "
+            f"{summary.get('cases_collectives_vs_xla_where_plans_differ', 0)} where the plans "
+            f"differ), vs replicate "
             f"{g('geomean_collectives_vs_replicate')}, vs direct "
             f"{g('geomean_collectives_vs_direct')}")
 

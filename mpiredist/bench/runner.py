@@ -68,11 +68,13 @@ __all__ = ["STRATEGIES", "INPLACE", "Entry", "map_mesh", "suite", "global_array"
 # Pages and interpreter noise allowed on top of the contract in the RSS figure.
 RSS_NOISE = 1 << 20
 
-STRATEGIES = ("collectives", "inplace", "donated", "xla", "replicate", "direct", "raw",
-              "raw_packed")
+STRATEGIES = ("collectives", "into_out", "inplace", "donated", "xla", "replicate", "direct",
+              "raw", "raw_packed")
 REFERENCES = ("raw", "raw_packed")       # sized from the collectives plan, not planned
 # Run by mpiredist.runtime.executor_inplace on the collectives plan without exchange steps.
 INPLACE = ("inplace", "donated")
+# The collectives plan, run into a preallocated ``out=`` array.
+INTO_OUT = "into_out"
 
 MAPPING_RULE = (
     "cases: a case runs on its own mesh when that mesh has as many devices as there are "
@@ -348,7 +350,7 @@ def _plans(entry, strategies, dtype):
                     continue
                 from .xla import xla_plan
                 plans[s] = xla_plan(c.id, c.shape, dtype)
-            elif s in INPLACE:
+            elif s in INPLACE or s == INTO_OUT:
                 plans[s] = planner.plan(c.shape, dtype, c.mesh, c.src, c.dst, "collectives")
             else:
                 plans[s] = planner.plan(c.shape, dtype, c.mesh, c.src, c.dst, s)
@@ -412,9 +414,28 @@ def _runner(name, plan, src, mesh, raw, packed=None):
         return (lambda: src), packed, None, "raw MPI packed"
     donate = name == "donated"
     t = Transfer.agreed(mesh, plan, donate, None, one_buffer=name == "inplace")
+    if name == INTO_OUT:
+        kept = t._choices["kept"]
+        return (lambda: src), _IntoOut(t), kept.plan, kept.executor
     prepare = (lambda: src.copy(order="C")) if donate else (lambda: src)
     kept = t._choices["given" if donate else "kept"]
     return prepare, t, kept.plan, "in place" if kept.inplace else "out of place"
+
+
+class _IntoOut:
+    """A Transfer run into one ``out=`` array, allocated once with the Transfer
+    (as a loop of repeated redistributions would; the Transfer then keeps its
+    pack buffers between runs too)."""
+
+    def __init__(self, transfer):
+        self.transfer = transfer
+        self.out = np.empty(transfer.target_shape, transfer.plan.dtype)
+
+    def run(self, local, records=None):
+        return self.transfer.run(local, out=self.out, records=records)
+
+    def free(self):
+        self.transfer.free()
 
 
 def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):

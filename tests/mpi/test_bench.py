@@ -153,3 +153,19 @@ def test_overhead_table_has_every_kind(comm):
     all_ok(comm, rc == 0 and len(rows) == 1, f"overhead rc {rc}, {len(rows)} rows")
     missing = [k for k in overhead.KINDS if not rows[0].get(f"{k}_us", 0) > 0]
     all_ok(comm, not missing, f"no time for {missing}")
+
+
+@pytest.mark.mpi
+def test_into_out_runs_into_the_given_array(comm):
+    """``into_out`` is the collectives plan run with ``out=``: the same result,
+    and the call allocates no target block (collectives does: E >= T)."""
+    rc, doc = _run_bench(comm, ["--cases", "c02", "--scale", "8", "--repeats", "1",
+                                "--strategies", "collectives,into_out"])
+    runs = {r["strategy"]: r for r in doc["records"]}
+    all_ok(comm, rc == 0 and set(runs) == {"collectives", "into_out"}, f"rc {rc}, {set(runs)}")
+    coll, into = runs["collectives"], runs["into_out"]
+    all_ok(comm, coll["correct"] and into["correct"], "wrong result")
+    all_ok(comm, into["ops"] == coll["ops"], f"plans differ: {into['ops']} {coll['ops']}")
+    t = into["dst_local_bytes"]
+    all_ok(comm, into["peak_bytes"] < t // 2 <= coll["peak_bytes"],
+           f"E into_out {into['peak_bytes']}, collectives {coll['peak_bytes']}, T {t}")

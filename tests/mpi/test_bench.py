@@ -127,20 +127,35 @@ def test_floors_move_the_right_data_and_report_both_ratios(comm):
 
     rc, doc = run_json(comm, floors.main, ["--mib", "0.05", "--repeats", "2"])
     all_ok(comm, rc == 0 and doc["correct"] is True, f"floors rc {rc}, correct {doc['correct']}")
-    all_ok(comm, set(doc["median_s"]) == set(floors.KINDS), f"kinds {sorted(doc['median_s'])}")
+    permutes = floors.permute_mesh(comm.size) is not None       # 4, 6, 8 ... ranks
+    kinds = set(floors.KINDS) | (set(floors.PERMUTES) if permutes else set())
+    all_ok(comm, set(doc["median_s"]) == kinds, f"kinds {sorted(doc['median_s'])}")
     all_ok(comm, all(t > 0 for t in doc["median_s"].values()), f"times {doc['median_s']}")
-    want = {f"{a}/{b}" for a, b, _ in floors.RATIOS}
+    want = {f"{a}/{b}" for a, b, _ in floors.RATIOS if a in kinds}
     all_ok(comm, set(doc["ratios"]) == want, f"ratios {sorted(doc['ratios'])}")
+
+
+def test_permute_mesh_has_two_factors():
+    from mpiredist.bench.floors import permute_mesh
+
+    assert [permute_mesh(n) for n in (1, 2, 3, 5)] == [None] * 4
+    assert permute_mesh(8) == {"a": 2, "b": 4} and permute_mesh(9) == {"a": 3, "b": 3}
 
 
 @pytest.mark.mpi
 def test_floors_check_fails_on_wrong_data(comm):
     """The check compares real contents: a block that did not arrive fails it."""
-    from mpiredist.bench.floors import Floors
+    from mpiredist.bench.floors import Floors, Permutes, permute_mesh
 
     f = Floors(comm, 0.01)
     f.sendrecv = lambda: f.aside.fill(-1)           # the block never arrives
     all_ok(comm, not f.check(), "a missing block passed the check")
+    if permute_mesh(comm.size) is not None:
+        p = Permutes(comm, f.n)
+        p.given.run = lambda a: a                   # the donated run moves nothing
+        caught = comm.allgather(not p.check())     # ranks that keep their rows pass
+        all_ok(comm, any(caught), "an unmoved donated block passed the check")
+        p.free()
 
 
 @pytest.mark.mpi

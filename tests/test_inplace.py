@@ -24,7 +24,9 @@ def test_transpose_matches_numpy(a, rows, cols, e, chunk, spare):
 def test_transpose_blocked_and_cycle_paths_agree():
     rng = np.random.default_rng(0)
     for rows, cols, e, chunk in [(512, 8, 16, 4096), (97, 8, 4, 64), (64, 3, 5, 1 << 20),
-                                 (60, 7, 3, 7 * 3 * 4)]:
+                                 (60, 7, 3, 7 * 3 * 4),          # rows blocked
+                                 (4, 512, 16, 4096), (3, 60, 5, 3 * 5 * 4),
+                                 (5, 21, 3, 5 * 3 * 7)]:          # columns blocked
         buf = rng.integers(0, 256, size=2 * rows * cols * e, dtype=np.uint8)
         want = buf.reshape(2, rows, cols, e).transpose(0, 2, 1, 3).copy()
         transpose(buf, 2, rows, cols, e, chunk)

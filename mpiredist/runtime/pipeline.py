@@ -124,7 +124,7 @@ def run(MPI, comm, sends, recvs, send_buffer, recv_buffer, tag=TAG, paired=False
     around a cycle of ranks).  Straight sends and ring receives are the
     fast pairing: every send is posted at once, and each byte is copied
     once, from the ring into its place (8 MiB permute at 8 ranks on 2
-    cores: 4.3-5.3 ms against 7.6-8.3 packing every send).  Progress holds
+    cores: 4.6-5.7 ms against 7.6-8.3 packing every send).  Progress holds
     when send i and receive i of a rank carry the same place in the order
     of messages, as pairwise swaps and permutes in parts do.
     """
@@ -284,8 +284,9 @@ class _State:
             synchronize(packed)
             token = _Send(ring, entry, released=True)
             self._add(self.comm.Isend(_bytes(self.MPI, packed), part.peer, self.tag), token)
-        self.holding.append(token)
-        self._release()
+        if self.paired:                 # only in place does a release order anything
+            self.holding.append(token)
+            self._release()
         return True
 
     def _release(self):

@@ -381,56 +381,7 @@ show_tail() {
 phase "tests job (ranks: $TEST_RANKS)"
 submit tests "$TESTS_TIMEOUT" 00:20:00 slurm/tests.sbatch
 TESTS_OK=1
-if ! "$VENV/bin/python" - "$JOB_OUT" "$NTASKS" "$TEST_RANKS" "$JOB_RC" <<'EOF'; then
-import re, sys
-
-path, ntasks, ranks, rc = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4]
-try:
-    text = open(path, encoding="utf-8", errors="replace").read()
-except OSError as exc:
-    sys.exit(f"tests job: no output ({exc})")
-errors = []
-if rc != "0":
-    errors.append(f"sbatch --wait returned {rc}")
-if not re.search(rf"^job \d+: {ntasks} tasks on 1 node\(s\)", text, re.M):
-    errors.append(f"no 'job N: {ntasks} tasks on 1 node(s)' line")
-if "ALL PASSED" not in text.splitlines():
-    errors.append("no 'ALL PASSED' line")
-summary = re.compile(r"^=*\s*(?:(\d+):\s+)?=*\s*(\d+ (?:passed|failed|errors?|skipped|xfailed|xpassed|warnings?|deselected)\b.*) in [\d.]+s")
-bad = re.compile(r"\b\d+ (failed|errors?)\b")
-# Sections: "== serial tests", "== MPI tests, N rank(s)", ...
-sections = re.split(r"^(== .*)$", text, flags=re.M)
-seen = {}
-for head, body in zip(sections[1::2], sections[2::2]):
-    m = re.match(r"== MPI tests, (\d+) rank", head)
-    key = int(m.group(1)) if m else head.strip()
-    lines = [summary.match(l) for l in body.splitlines()]
-    lines = [l for l in lines if l]
-    seen[key] = lines
-    if not m and lines:
-        print(f"tests job: {head.strip()[3:]}: {lines[-1].group(2)}")
-    for l in lines:
-        if bad.search(l.group(2)) or "passed" not in l.group(2):
-            errors.append(f"{head.strip()}: {l.group(0).strip()}")
-    if m:
-        n = key
-        if f"COMM_WORLD size {n} == {n} tasks: ok" not in body:
-            errors.append(f"{head.strip()}: no 'COMM_WORLD size {n} == {n} tasks: ok'")
-        labels = sorted(int(l.group(1)) for l in lines if l.group(1) is not None)
-        if labels != list(range(n)):
-            errors.append(f"{head.strip()}: pytest summaries from ranks {labels}, "
-                          f"expected one from each of 0..{n - 1}")
-        else:
-            print(f"tests job: {n} ranks, every rank: {lines[0].group(2)}")
-if not seen.get("== serial tests"):
-    errors.append("no pytest summary for the serial tests")
-for n in ranks:
-    if int(n) not in seen:
-        errors.append(f"no section for {n} ranks")
-for e in errors:
-    print(f"tests job: ERROR: {e}")
-sys.exit(1 if errors else 0)
-EOF
+if ! "$VENV/bin/python" scripts/slurm_job_check.py tests "$JOB_OUT" "$NTASKS" 1 "$TEST_RANKS" "$JOB_RC"; then
     TESTS_OK=0
     show_tail "$JOB_OUT" 80
 fi
@@ -439,49 +390,8 @@ phase "bench job ($BENCH_CASES)"
 # shellcheck disable=SC2086
 submit bench "$BENCH_TIMEOUT" 00:15:00 slurm/bench.sbatch $BENCH_ARGS --cases "$BENCH_CASES"
 BENCH_OK=1
-if ! "$VENV/bin/python" - "$JOB_OUT" "$T/bench.json" "$NTASKS" "$BENCH_CASES" "$JOB_RC" <<'EOF'; then
-import json, re, sys
-
-out, path, ntasks, cases, rc = sys.argv[1:6]
-ntasks, cases = int(ntasks), cases.split(",")
-errors = []
-text = open(out, encoding="utf-8", errors="replace").read() if __import__("os").path.exists(out) else ""
-if rc != "0":
-    errors.append(f"sbatch --wait returned {rc}")
-if not re.search(rf"^job \d+: {ntasks} ranks on 1 node\(s\)", text, re.M):
-    errors.append(f"no 'job N: {ntasks} ranks on 1 node(s)' line")
-if f"COMM_WORLD size {ntasks} == {ntasks} tasks: ok" not in text:
-    errors.append(f"no 'COMM_WORLD size {ntasks} == {ntasks} tasks: ok' line")
-try:
-    doc = json.load(open(path, encoding="utf-8"))
-except (OSError, ValueError) as exc:
-    errors.append(f"no bench JSON: {exc}")
-    doc = None
-if doc is not None:
-    recs = doc.get("records") or []
-    if doc.get("ranks") != ntasks:
-        errors.append(f"JSON ranks {doc.get('ranks')} != {ntasks} tasks")
-    if not recs:
-        errors.append("JSON has no records")
-    for r in recs:
-        if r.get("correct") is not True:
-            errors.append(f"record {r.get('case')}/{r.get('strategy')}: correct={r.get('correct')!r}")
-        if r.get("ranks") != ntasks:
-            errors.append(f"record {r.get('case')}/{r.get('strategy')}: ranks={r.get('ranks')!r}")
-    got = {str(r.get("case")) for r in recs}
-    for c in cases:
-        if not any(g == c or g.startswith(c + "_") for g in got):
-            errors.append(f"no record for case {c}")
-    if not (doc.get("summary") or {}).get("all_correct"):
-        errors.append("summary.all_correct is not true")
-    if not errors:
-        strategies = sorted({r.get("strategy") for r in recs})
-        print(f"bench job: {len(recs)} records ({len(got)} cases x {len(strategies)} "
-              f"strategies), all correct at {ntasks} ranks")
-for e in errors:
-    print(f"bench job: ERROR: {e}")
-sys.exit(1 if errors else 0)
-EOF
+if ! "$VENV/bin/python" scripts/slurm_job_check.py bench "$JOB_OUT" "$T/bench.json" "$NTASKS" 1 \
+        "$BENCH_CASES" "$JOB_RC"; then
     BENCH_OK=0
     show_tail "$JOB_OUT" 80
 fi

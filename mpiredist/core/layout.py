@@ -8,6 +8,7 @@ Text form (``parse`` and ``str`` round-trip)::
 """
 
 import re
+from collections.abc import Mapping
 from functools import lru_cache
 
 from .errors import LayoutError
@@ -21,29 +22,33 @@ _DIM = re.compile(r"\s*\{([^{}]*)\}\s*(,|\Z)")
 _TEXT = re.compile(r"\s*\[(?P<dims>[^\]]*)\]\s*(?:(?P<op>[a-z]+)\s*\{(?P<partial>[^}]*)\}\s*)?\Z")
 
 
-def _names(text, where):
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
+def _names(group, where):
+    """The axis names of one ``{...}`` group: none, or names each between commas."""
+    if not group.strip():
+        return ()
+    names = tuple(n.strip() for n in group.split(","))
     for n in names:
+        if not n:
+            raise LayoutError(f"layout {where!r}: empty axis name in {{{group}}} "
+                              "(a stray comma?)")
         if not _NAME.match(n):
             raise LayoutError(f"layout {where!r}: {n!r} is not an axis name")
     return names
 
 
 def _parse_dims(body, text):
-    body = body.strip()
-    if not body:
-        return ()
-    dims = []
-    rest = body
-    while rest:
-        m = _DIM.match(rest)
+    body = body.strip()        # so that a comma at the end is the body's last character
+    dims, pos = [], 0
+    while pos < len(body):
+        # match at an offset: slicing the rest each time is quadratic in long texts
+        m = _DIM.match(body, pos)
         if not m:
             raise LayoutError(f"layout {text!r}: expected '{{axes}}' per dimension, "
-                              f"found {rest.strip()!r}")
+                              f"found {body[pos:].strip()!r}")
         dims.append(_names(m.group(1), text))
-        rest = rest[m.end():]
-        if m.group(2) == "," and not rest.strip():
-            raise LayoutError(f"layout {text!r}: trailing comma")
+        pos = m.end()
+    if body.endswith(","):
+        raise LayoutError(f"layout {text!r}: trailing comma")
     return tuple(dims)
 
 
@@ -70,9 +75,17 @@ class Layout:
     def __init__(self, dims, partial=(), op="sum"):
         if isinstance(dims, str):
             raise LayoutError(f"Layout({dims!r}): use Layout.parse for the text form")
-        dims = tuple(tuple(d) if not isinstance(d, str) else (d,) for d in dims)
-        partial = (partial,) if isinstance(partial, str) else tuple(partial)
-        if op not in REDUCE_OPS:
+        try:
+            dims = tuple(tuple(d) if not isinstance(d, str) else (d,) for d in dims)
+        except TypeError:
+            raise LayoutError(f"layout dims {dims!r}: expected a sequence of sequences of "
+                              "axis names, e.g. [['x'], []]") from None
+        try:
+            partial = (partial,) if isinstance(partial, str) else tuple(partial)
+        except TypeError:
+            raise LayoutError(f"layout partial axes {partial!r}: expected a sequence of "
+                              "axis names, e.g. ['y']") from None
+        if not isinstance(op, str) or op not in REDUCE_OPS:
             raise LayoutError(f"layout reduction {op!r} is not one of {REDUCE_OPS}")
         object.__setattr__(self, "dims", dims)
         object.__setattr__(self, "partial", partial)
@@ -83,10 +96,12 @@ class Layout:
         raise AttributeError("Layout is immutable")
 
     def _check_names(self):
-        seen = set()
         for axis in self.axes_used() + self.partial:
             if not isinstance(axis, str) or not _NAME.match(axis):
-                raise LayoutError(f"layout {self}: {axis!r} is not an axis name")
+                # repr, not str: str(self) joins the names, which may not be text
+                raise LayoutError(f"layout {self!r}: {axis!r} is not an axis name")
+        seen = set()
+        for axis in self.axes_used() + self.partial:
             if axis in seen:
                 raise LayoutError(f"layout {self}: mesh axis {axis!r} is used twice")
             seen.add(axis)
@@ -123,6 +138,9 @@ class Layout:
     @classmethod
     def from_dict(cls, spec):
         """Build from ``{"dims": [[...], ...], "partial": [...], "op": ...}``."""
+        if not isinstance(spec, Mapping) or "dims" not in spec:
+            raise LayoutError(f"layout {spec!r}: expected a dict with 'dims' (and optional "
+                              "'partial' and 'op'), as to_dict gives")
         return cls(spec["dims"], spec.get("partial", ()), spec.get("op", "sum"))
 
     @property

@@ -11,14 +11,35 @@ source or target of :func:`mpiredist.redistribute` between meshes; every
 rank of the communicator takes part in those calls.
 """
 
+import itertools
 import math
+import operator
 import re
 
 from .errors import MeshError
 
-__all__ = ["Mesh", "parse_ranks", "format_ranks"]
+__all__ = ["Mesh", "parse_ranks", "format_ranks", "MAX_DEVICES"]
+
+# An MPI communicator's size is a C int: no mesh has more devices than this,
+# and every rank is below it.
+MAX_DEVICES = 2**31 - 1
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SIZE = re.compile(r"[+-]?[0-9]+\Z")
+_RANK_RANGE = re.compile(r"([0-9]+)(?:\s*-\s*([0-9]+))?\Z")
+# decimal digits of MAX_DEVICES: longer numbers are too large without converting them
+# (int() of thousands of digits is slow, and refused past 4300)
+_DIGITS = len(str(MAX_DEVICES))
+
+
+def _shown(value):
+    """``repr(value)``, or a description where Python refuses to print it (huge ints)."""
+    try:
+        return repr(value)
+    except ValueError:      # Python prints no integer of more than 4300 digits
+        if isinstance(value, int):
+            return f"an integer of {value.bit_length()} bits"
+        return f"a {type(value).__name__} holding an integer too large to print"
 
 
 def _parse_axes(axes):
@@ -28,33 +49,55 @@ def _parse_axes(axes):
         items = []
         for part in filter(None, (p.strip() for p in axes.split(","))):
             name, sep, size = part.partition("=")
+            name, size = name.strip(), size.strip()
             if not sep:
                 raise MeshError(f"mesh {axes!r}: expected NAME=SIZE, found {part!r}")
-            try:
-                items.append((name.strip(), int(size)))
-            except ValueError:
-                raise MeshError(f"mesh {axes!r}: size of axis {name.strip()!r} "
-                                f"is not an integer: {size!r}") from None
+            if not _SIZE.match(size):
+                raise MeshError(f"mesh {axes!r}: size of axis {name!r} "
+                                f"is not an integer: {size!r}")
+            if len(size.lstrip("+-").lstrip("0")) > _DIGITS:
+                raise MeshError(f"mesh {axes!r}: axis {name!r} has size {size}; expected "
+                                f"a positive integer of at most {MAX_DEVICES} (the most "
+                                "ranks an MPI communicator has)")
+            items.append((name, int(size)))
         return tuple(items)
     if hasattr(axes, "items"):
         return tuple(axes.items())
-    return tuple(tuple(item) for item in axes)
+    if isinstance(axes, (bytes, bytearray)) or not hasattr(axes, "__iter__"):
+        raise MeshError(f"mesh {_shown(axes)}: expected a dict, text like 'x=2,y=4' or "
+                        "(name, size) pairs")
+    items = []
+    for item in axes:
+        if isinstance(item, (str, bytes, bytearray)) or not hasattr(item, "__iter__"):
+            raise MeshError(f"mesh axis {_shown(item)}: expected a (name, size) pair")
+        items.append(tuple(item))
+    return tuple(items)
 
 
 def _validate(items):
-    seen = set()
+    seen, done, devices = set(), [], 1
     for item in items:
         if not isinstance(item, tuple) or len(item) != 2:
-            raise MeshError(f"mesh axis {item!r}: expected (name, size)")
+            raise MeshError(f"mesh axis {_shown(item)}: expected (name, size)")
         name, size = item
         if not isinstance(name, str) or not _NAME.match(name):
-            raise MeshError(f"mesh axis name {name!r} is not an identifier")
+            raise MeshError(f"mesh axis name {_shown(name)} is not an identifier")
         if name in seen:
             raise MeshError(f"mesh axis {name!r} appears twice")
         seen.add(name)
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise MeshError(f"mesh axis {name!r} has size {size!r}; "
-                            "expected a positive integer")
+        try:
+            n = None if isinstance(size, bool) else operator.index(size)
+        except TypeError:
+            n = None
+        if n is None or not 1 <= n <= MAX_DEVICES:
+            raise MeshError(f"mesh axis {name!r} has size {_shown(size)}; expected a "
+                            f"positive integer of at most {MAX_DEVICES} (the most ranks "
+                            "an MPI communicator has)")
+        done.append(f"{name}={n}")
+        devices *= n
+        if devices > MAX_DEVICES:
+            raise MeshError(f"mesh axes {','.join(done)} make {devices} devices; a mesh has "
+                            f"at most {MAX_DEVICES} (the most ranks an MPI communicator has)")
 
 
 class Mesh:
@@ -64,7 +107,7 @@ class Mesh:
     ----------
     axes : dict, sequence of (name, size) pairs, str or Mesh
         Axis names and sizes in order, e.g. ``{"x": 2, "y": 4}`` or
-        ``"x=2,y=4"``.
+        ``"x=2,y=4"``; at most :data:`MAX_DEVICES` devices in all.
     comm : mpi4py.MPI.Comm, optional
         The communicator whose ranks form the mesh.  ``None`` means
         ``MPI.COMM_WORLD`` when the mesh is used to run a plan; planning never
@@ -75,9 +118,11 @@ class Mesh:
         ``"auto"`` (a target mesh only): every rank, in the order that
         moves the fewest bytes from the source, chosen by the planning of
         the redistribution (:func:`mpiredist.planning.crossmesh.relabel`).
-        Their count must be the mesh's size; that they are distinct and
-        inside the communicator is checked, on every rank, by the calls
-        that run on the mesh.
+        Text like ``"0-3,6"`` (:func:`parse_ranks`) is accepted too.  Their
+        count must be the mesh's size and each an integer from 0 to
+        ``MAX_DEVICES - 1``; that they are distinct and inside the
+        communicator is checked, on every rank, by the calls that run on
+        the mesh.
 
     Examples
     --------
@@ -213,30 +258,62 @@ class Mesh:
 
 
 def _parse_ranks(ranks, size):
-    """``ranks`` as a tuple of ints (or None); MeshError if its count is not ``size``."""
+    """``ranks`` as a tuple of ints (or None, or "auto"); MeshError unless ``size`` of them."""
     if ranks is None or (isinstance(ranks, str) and ranks.strip() == "auto"):
         return None if ranks is None else "auto"
     if isinstance(ranks, str):
-        ranks = parse_ranks(ranks)
-    try:
-        out = tuple(int(r) for r in ranks)
-    except (TypeError, ValueError):
-        raise MeshError(f"mesh ranks must be integers, found {ranks!r}") from None
-    if len(out) != size:
-        raise MeshError(f"mesh of {size} devices given {len(out)} ranks {list(out)}")
-    return out
-
-
-def parse_ranks(text):
-    """``"0-3,6"`` -> ``(0, 1, 2, 3, 6)`` (ranges inclusive, order kept)."""
+        return parse_ranks(ranks, size)
+    if isinstance(ranks, (bytes, bytearray)) or not hasattr(ranks, "__iter__"):
+        raise MeshError(f"mesh ranks must be integers, found {_shown(ranks)}")
     out = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        lo, sep, hi = part.partition("-")
+    for r in itertools.islice(ranks, size + 1):      # never more than the mesh needs
         try:
-            out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
-        except ValueError:
-            raise MeshError(f"ranks {text!r}: expected N or N-M, found {part!r}") from None
+            value = None if isinstance(r, bool) else operator.index(r)
+        except TypeError:
+            value = None
+        if value is None:
+            raise MeshError(f"mesh ranks must be integers, found {_shown(r)} "
+                            f"at position {len(out)}")
+        if not 0 <= value < MAX_DEVICES:
+            raise MeshError(f"mesh rank {_shown(value)} at position {len(out)} is not "
+                            f"an MPI rank (0 to {MAX_DEVICES - 1})")
+        out.append(value)
+    if len(out) != size:
+        given = len(out) if len(out) <= size else f"more than {size}"
+        raise MeshError(f"mesh of {size} devices given {given} ranks {out[:size]}")
     return tuple(out)
+
+
+def parse_ranks(text, size=None):
+    """``"0-3,6"`` -> ``(0, 1, 2, 3, 6)`` (ranges inclusive, order kept).
+
+    ``size``, if given, is the number of ranks the text must name (a mesh's
+    size); it is checked before any rank is built, so that a range such as
+    ``0-100000000000`` fails at once.  Ranks are ASCII decimal integers from
+    0 to ``MAX_DEVICES - 1``; a range ``N-M`` needs ``N <= M``.
+    """
+    if not isinstance(text, str):
+        raise MeshError(f"ranks must be text like '0-3,6', found {_shown(text)}")
+    ranges = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        m = _RANK_RANGE.match(part)
+        if not m:
+            raise MeshError(f"ranks {text!r}: expected N or N-M (non-negative integers), "
+                            f"found {part!r}")
+        lo, hi = m.group(1), m.group(2) or m.group(1)
+        for n in (lo, hi):
+            if len(n.lstrip("0")) > _DIGITS or int(n) >= MAX_DEVICES:
+                raise MeshError(f"ranks {text!r}: {n} is past the largest MPI rank "
+                                f"{MAX_DEVICES - 1}")
+        lo, hi = int(lo), int(hi)
+        if hi < lo:
+            raise MeshError(f"ranks {text!r}: range {part!r} runs backwards (write "
+                            "descending ranks one by one)")
+        ranges.append((lo, hi + 1))
+    count = sum(hi - lo for lo, hi in ranges)
+    if size is not None and count != size:
+        raise MeshError(f"mesh of {size} devices given {count} ranks {text!r}")
+    return tuple(r for lo, hi in ranges for r in range(lo, hi))
 
 
 def format_ranks(ranks):

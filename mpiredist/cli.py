@@ -7,6 +7,7 @@ with status 2, as argparse does for bad flags.
 """
 
 import argparse
+import re
 import sys
 
 from .core.errors import MpiredistError, ShapeError
@@ -28,17 +29,39 @@ def command(name, help):
     return register
 
 
+_LENGTH = re.compile(r"[+-]?[0-9]+\Z")
+
+
 def parse_shape(text):
-    """``"4096,4096"`` -> ``(4096, 4096)``; :class:`ShapeError` on anything else."""
+    """``"4096,4096"`` -> ``(4096, 4096)``; :class:`ShapeError` on anything else.
+
+    Lengths are ASCII decimal integers from 0 to ``sys.maxsize`` (numpy's
+    largest index).
+    """
     parts = [p.strip() for p in text.split(",")] if text.strip() else []
-    try:
-        shape = tuple(int(p) for p in parts)
-    except ValueError:
+    if not all(_LENGTH.match(p) for p in parts):
         raise ShapeError(f"shape {text!r}: expected comma-separated non-negative "
-                         "integers, e.g. 4096,4096") from None
+                         "integers, e.g. 4096,4096")
+    # compare the digits before converting: int() of thousands of them is refused
+    if any(len(p.lstrip("+-").lstrip("0")) > len(str(sys.maxsize)) or int(p) > sys.maxsize
+           for p in parts):
+        raise ShapeError(f"shape {text!r} has a length past {sys.maxsize}, numpy's "
+                         "largest index")
+    shape = tuple(int(p) for p in parts)
     if any(n < 0 for n in shape):
         raise ShapeError(f"shape {text!r} has a negative length")
     return shape
+
+
+def _positive_int(text):
+    """argparse type of a count: a positive integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, found {text!r}")
+    return value
 
 
 def _add_case_flags(parser, required):
@@ -99,7 +122,7 @@ class ModelCommand:
     def add_arguments(parser):
         from . import bench
         from .planning.model import ALPHA, BETA, MEMORY_BANDWIDTH
-        parser.add_argument("--ranks", type=int, metavar="N",
+        parser.add_argument("--ranks", type=_positive_int, metavar="N",
                             help="devices to scale each case's mesh to (its size times "
                                  "a power of two); default: each case's own mesh")
         parser.add_argument("--case", action="append", metavar="ID",
@@ -131,10 +154,10 @@ class ModelCommand:
         from .core.layout import Layout
         from .core.mesh import Mesh
         from .planning.model import Network
-        user = [args.mesh, args.shape, args.src, args.dst]
-        if any(user) and not all(user):
+        given = [v is not None for v in (args.mesh, args.shape, args.src, args.dst)]
+        if any(given) and not all(given):
             raise MpiredistError("a user case needs all of --mesh, --shape, --src, --dst")
-        if all(user):
+        if all(given):
             cases = [bench.Case("user", dict(Mesh(args.mesh).axes), parse_shape(args.shape),
                                 Layout.parse(args.src), Layout.parse(args.dst))]
         elif args.case:

@@ -68,9 +68,11 @@ def _parse_axes(axes):
                         "(name, size) pairs")
     items = []
     for item in axes:
-        if isinstance(item, (str, bytes, bytearray)) or not hasattr(item, "__iter__"):
+        pair = () if isinstance(item, (str, bytes, bytearray)) \
+            or not hasattr(item, "__iter__") else tuple(item)
+        if len(pair) != 2:
             raise MeshError(f"mesh axis {_shown(item)}: expected a (name, size) pair")
-        items.append(tuple(item))
+        items.append(pair)
     return tuple(items)
 
 

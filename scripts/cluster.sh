@@ -534,7 +534,11 @@ cluster_up() {
     fi
 
     # From here on, a failure or an interrupt takes down what was made.
-    trap 'rc=$?; trap - EXIT; if [ "$rc" != 0 ]; then log "up failed (status $rc): taking down what it made"; cluster_down || true; fi; exit "$rc"' EXIT
+    # (A second signal must not cut the take-down short: timeout(1) signals
+    # the child, then its whole process group.)
+    trap 'rc=$?; trap - EXIT; trap "log \"signal while taking down: ignored\"" INT TERM
+          if [ "$rc" != 0 ]; then log "up failed (status $rc): taking down what it made"; cluster_down || true; fi
+          exit "$rc"' EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM
     mkdir -p "$CLUSTER_STATE/bin"

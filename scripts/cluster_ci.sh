@@ -103,7 +103,10 @@ CLUSTER_IS_UP=0
 cleanup() {
     local rc=$? t
     set +e
-    trap - EXIT INT TERM
+    # A second signal must not cut the clean-up short (timeout(1) signals
+    # the child, then its whole process group).
+    trap - EXIT
+    trap 'log "signal during clean-up: ignored"' INT TERM
     [ "$rc" = 0 ] || FAILED=1
     if [ -n "$RUN_PID" ] && alive "$RUN_PID"; then stop_pid "run in progress" "$RUN_PID"; fi
     if [ "$CLUSTER_IS_UP" = 1 ]; then

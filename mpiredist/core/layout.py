@@ -29,7 +29,7 @@ def _names(group, where):
     names = tuple(n.strip() for n in group.split(","))
     for n in names:
         if not n:
-            raise LayoutError(f"layout {where!r}: empty axis name in {{{group}}} "
+            raise LayoutError(f"layout {where!r}: empty axis name in {'{' + group + '}'!r} "
                               "(a stray comma?)")
         if not _NAME.match(n):
             raise LayoutError(f"layout {where!r}: {n!r} is not an axis name")

@@ -2,11 +2,12 @@
 
 The package is layered (see ``docs/architecture.md``): ``core`` (meshes,
 layouts, block geometry, errors) and ``planning`` (plans, costs, the memory
-model, the simulator) need only numpy; ``runtime`` (communicators, agreement,
-:class:`Transfer` and its executors) and ``arrays`` (:class:`DistArray`,
-ops, FFT, HDF5) need mpi4py, imported when first used.  This module only
-re-exports the public names, lazily, so ``import mpiredist`` stays free of
-MPI and of planner cost.
+model, the simulator) need only numpy and are imported here, so that a
+first call does not import them; ``runtime`` (communicators, agreement,
+:class:`Transfer`, its steps and the exchange) and ``arrays``
+(:class:`DistArray`, ops, FFT, HDF5) need mpi4py, imported with all they
+use when one of their names is first looked up (``mr.Transfer``,
+``mr.redistribute``...).  ``import mpiredist`` stays free of MPI.
 """
 
 import importlib
@@ -15,6 +16,7 @@ from .core.errors import (BudgetWarning, CommunicationError, DonationWarning, La
                           MeshError, MismatchError, MpiredistError, PlanError, RemoteError, ShapeError)
 from .core.layout import Layout
 from .core.mesh import Mesh
+from .planning import planner as _planner
 from .planning.plans import Plan, Step
 
 __version__ = "0.2.0"
@@ -27,8 +29,9 @@ __all__ = ["Mesh", "Layout", "Plan", "Step", "plan", "Transfer", "DistArray", "r
            "ops", "heat", "fft", "hdf5"]
 
 # public name -> (module, attribute or None for the module itself)
+plan = _planner.plan
+
 _LAZY = {
-    "plan": (".planning.planner", "plan"),
     "Transfer": (".runtime.transfer", "Transfer"),
     "DistArray": (".arrays.distarray", "DistArray"),
     "redistribute": (".arrays.base", "redistribute"),

@@ -14,8 +14,7 @@ from mpiredist.core.errors import MeshError, PlanError
 from mpiredist.core.layout import Layout
 from mpiredist.planning.model import (Network, exchange_peers, most_recv_peers, predict,
                                       recv_peers, step_rounds)
-from mpiredist.planning.routing import exchange_recvs
-from mpiredist.core.subaxes import rank_digits
+from mpiredist.planning.pieces import Holders, layout_sources, layout_targets, recv_pieces
 
 ROUNDS_ONLY = Network(alpha=1.0, beta=math.inf)
 BYTES_ONLY = Network(alpha=0.0, beta=1.0, memory_bandwidth=math.inf)
@@ -75,7 +74,7 @@ def test_monotonic_in_bytes(strategy):
 
 
 @pytest.mark.parametrize("case", load_cases(), ids=lambda c: c.id)
-def test_recv_peers_match_routing(case):
+def test_recv_peers_match_the_piece_model(case):
     p = mr.plan(tuple(max(1, n // 64) for n in case.shape), "float32", case.mesh,
                 case.src, case.dst, "direct")
     for step in p.steps:
@@ -83,9 +82,12 @@ def test_recv_peers_match_routing(case):
             continue
         counted = recv_peers(p, step)
         assert counted.shape == (p.mesh.size,)
-        for r in range(p.mesh.size):
-            peers = {q for q, _ in exchange_recvs(p.mesh, p.global_shape, step.before,
-                                                  step.after, rank_digits(p.mesh, r))}
+        n = p.mesh.size
+        sources = layout_sources(p.global_shape, p.mesh, step.before, n)
+        targets = layout_targets(p.global_shape, p.mesh, step.after, n, keep_classes=True)
+        holders = Holders(sources)
+        for r in range(n):
+            peers = {x.peer for x in recv_pieces(r, sources, targets, holders)}
             assert counted[r] == len(peers - {r}), f"rank {r}"
         most = most_recv_peers(p.global_shape, step.before, step.after, p.mesh.axes)
         assert most == counted.max()

@@ -12,20 +12,21 @@ properties are local.  Every redistribution goes through a
 mesh's communicator and keyed by the agreed arguments.
 """
 
+import numpy as np
+
 from ..core.blocks import rank_block
 from ..core.errors import ShapeError
 from ..core.layout import Layout
+from ..core.mesh import Mesh
 from ..core.subaxes import expand, rank_digits
 from ..planning import planner
-from ..runtime.agree import check_together
-from ..runtime.comm import base_comm, check_size, mesh_comm
-from ..runtime.cross import crossing
-from ..runtime.donation import array_kind, local_references, references
-from ..runtime.transfer import Transfer, check_workspace, judge
+from ..runtime.agree import agree, check_together
+from ..runtime.comm import base_comm, check_size, transfer_cache
+from ..runtime.transfer import Transfer, crossing
 
 __all__ = ["DistArrayBase", "redistribute", "TRANSFER_CACHE_SIZE"]
 
-# Transfers kept per mesh communicator for redistribute(); each holds its
+# Transfers kept per communicator for redistribute(); each holds its
 # routing and datatypes (small), never data buffers.
 TRANSFER_CACHE_SIZE = 32
 
@@ -202,18 +203,24 @@ class DistArrayBase:
         block = self._local
         if crossing(self._mesh, mesh):
             target = self._mesh if mesh is None else mesh
-            out, target = _between(block, self._shape, self._mesh, self._layout, dst, target,
-                                   donate, strategy, records, workspace_bytes,
-                                   local_references(block), with_mesh=True)
             if donate:
                 self._local = None
+            try:
+                out, target = _between(block, self._shape, self._mesh, self._layout, dst,
+                                       target, donate, strategy, records, workspace_bytes,
+                                       forwarded=0)
+            except BaseException:
+                if donate:
+                    self._local = block
+                raise
             return type(self)(out, self._shape, Layout.parse(dst), target)
         if donate:
             self._local = None          # hand the block over: no reference is left here
-        extra = local_references(block)    # any reference left is not ours to free
         try:
-            out = _redistribute(block, self._shape, self._mesh, self._layout, dst, donate,
-                                strategy, records, workspace_bytes, extra)
+            _must_be_array(block, self._mesh, "redistribute")
+            t = _transfer(self._mesh, self._shape, block.dtype, self._layout, dst, donate,
+                          strategy, workspace_bytes)
+            out = t.run(block, records=records)     # block: the only name left
         except BaseException:
             if donate:
                 self._local = block
@@ -271,42 +278,59 @@ def redistribute(local, global_shape, mesh, src, dst, donate=False,
     same, with S = 0 off the source mesh and T = 0 off the target mesh, and
     the exchange does not honour a donation (it warns).
     """
-    extra = references(local)          # beyond the caller's own name
     if crossing(mesh, dst_mesh):
         return _between(local, global_shape, mesh, src, dst, dst_mesh, donate, strategy,
-                        records, workspace_bytes, extra)
-    return _redistribute(local, global_shape, mesh, src, dst, donate, strategy, records,
-                         workspace_bytes, extra)
+                        records, workspace_bytes, forwarded=1)[0]
+    _must_be_array(local, mesh, "redistribute")
+    t = _transfer(mesh, global_shape, local.dtype, src, dst, donate, strategy, workspace_bytes)
+    return t.run(local, records=records, forwarded=1)
 
 
-def _redistribute(local, global_shape, mesh, src, dst, donate, strategy, records, workspace,
-                  extra_refs):
-    """:func:`redistribute` with ``extra_refs``: references to ``local`` beyond
-    those the caller may hold (see :mod:`mpiredist.runtime.donation`)."""
-    def body(mesh, rank):
-        s, d = Layout.parse(src), Layout.parse(dst)
-        shape = _as_shape(global_shape, rank)
-        _check_local(local, shape, mesh, s, rank)
-        plan = planner.plan(shape, local.dtype, mesh, s, d, strategy)
-        w = check_workspace(workspace, rank)
-        kind = array_kind(local)
-        verdict = judge(plan, bool(donate), w, local, extra_refs)
-        return (plan, w, verdict, kind), dict(
-            mesh=mesh, shape=shape, dtype=local.dtype, src=s, dst=d, strategy=strategy,
-            donate=bool(donate), workspace=w, kind=kind)
+def _must_be_array(local, mesh, what):
+    """ShapeError on every rank unless ``local`` is an array (one agreement, which
+    meets the agreement the other ranks make next, whatever it is)."""
+    if hasattr(local, "shape") and hasattr(local, "dtype"):
+        return
+    comm = base_comm(mesh if isinstance(mesh, Mesh) else Mesh(mesh))
+    agree(comm, what, ShapeError(f"rank {comm.Get_rank()}: local block must be a numpy or "
+                                 f"CuPy array, found {type(local).__name__}"))
 
-    mesh, (plan, w, verdict, kind), flags = check_together(
-        "redistribute", mesh, body, every=lambda r: {"donate": bool(r and r[2].usable)})
-    t = _cached_transfer(mesh, plan, bool(donate), w)     # collective: after agreeing
-    return t.run_agreed(local, None, kind, flags["donate"], verdict, records)
+
+def _transfer(mesh, global_shape, dtype, src, dst, donate, strategy, workspace):
+    """The Transfer of these arguments: kept in a small cache of the communicator,
+    or made (collective).
+
+    The key is this rank's own arguments; a rank whose key differs from the
+    others' (a miss where they hit, or another Transfer) reaches a
+    different agreement from theirs, and every agreement has one size, so
+    all ranks raise :class:`~mpiredist.MismatchError` instead of hanging.
+    """
+    try:
+        m = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
+        key = (m, tuple(int(n) for n in global_shape), np.dtype(dtype).str,
+               str(Layout.parse(src)), str(Layout.parse(dst)), strategy, bool(donate),
+               workspace)
+        cache = transfer_cache(base_comm(m))
+    except (ValueError, TypeError):
+        key = cache = None                      # the agreement names the problem
+    t = cache.pop(key, None) if cache is not None else None
+    if t is None:
+        t = Transfer(global_shape, dtype, mesh, src, dst, donate, workspace, strategy)
+    if cache is not None:
+        cache[key] = t                          # most recently used last
+        while len(cache) > TRANSFER_CACHE_SIZE:
+            cache.pop(next(iter(cache))).free()
+    return t
 
 
 def _between(local, global_shape, mesh, src, dst, dst_mesh, donate, strategy, records,
-             workspace, extra_refs, with_mesh=False):
+             workspace, forwarded):
     """:func:`redistribute` between meshes: agree on the dtype, then one Transfer.
 
-    With ``with_mesh`` returns ``(block, target mesh)``: the target mesh with
-    its ranks, chosen where it said ``ranks="auto"``.
+    Returns ``(block, target mesh)``: the target mesh with its ranks, chosen
+    where it said ``ranks="auto"``.  ``forwarded``: the frames between the
+    user's own name and this function that hold ``local`` (this one and its
+    closure cell add one).
     """
     def body(mesh, rank):
         if local is not None and not (hasattr(local, "shape") and hasattr(local, "dtype")):
@@ -321,22 +345,6 @@ def _between(local, global_shape, mesh, src, dst, dst_mesh, donate, strategy, re
     t = Transfer(global_shape, dtype, mesh, src, dst, donate, workspace, strategy,
                  dst_mesh=mesh if dst_mesh is None else dst_mesh)
     try:
-        out = t.run(local) if t.executor == "exchange" else \
-            t._run(local, None, extra_refs, records)
-        return (out, t.target_mesh) if with_mesh else out
+        return t.run(local, records=records, forwarded=forwarded + 1), t.target_mesh
     finally:
         t.free()
-
-
-def _cached_transfer(mesh, plan, donate, workspace):
-    """The Transfer of these agreed arguments, from the mesh communicator's cache."""
-    cache = mesh_comm(mesh).transfers
-    key = (plan, donate, workspace)
-    t = cache.pop(key, None)
-    if t is None:
-        t = Transfer.agreed(mesh, plan, donate, workspace)
-    cache[key] = t                          # most recently used last
-    while len(cache) > TRANSFER_CACHE_SIZE:
-        cache.pop(next(iter(cache))).free()
-    return t
-

@@ -31,7 +31,7 @@ import secrets
 
 import numpy as np
 
-from ..runtime.agree import agree_on, raise_together
+from ..runtime.agree import agree
 from ..core.blocks import rank_block
 from ..core.errors import LayoutError, MeshError, MpiredistError, ShapeError
 from ..core.layout import Layout
@@ -224,8 +224,8 @@ def read_block(path, dataset, mesh, layout, comm=None, *, mpio=None):
         layout, mpio = _check_common(what, mesh, layout, comm, mpio, h5py)
     except ValueError as exc:
         error = exc
-    agree_on(comm, what, error, path=os.fspath(path), dataset=dataset, mesh=mesh,
-             layout=layout, mpio=mpio)
+    agree(comm, what, error, dict(path=os.fspath(path), dataset=dataset, mesh=mesh,
+                                  layout=layout, mpio=mpio))
 
     kind, shape, dtype, message = _probe_all(comm, h5py, path, dataset)
     if kind != "dataset":
@@ -242,7 +242,7 @@ def read_block(path, dataset, mesh, layout, comm=None, *, mpio=None):
     except Exception as exc:
         error = HDF5Error(f"{what}: rank {rank} failed to read its block "
                           f"{_slices(block)}: {type(exc).__name__}: {exc}")
-    raise_together(comm, error, what)
+    agree(comm, what, error)
     return local, tuple(shape), dtype
 
 
@@ -338,9 +338,9 @@ def write_blocks(path, dataset, local, global_shape, mesh, layout, comm=None,
         _check_local(what, local, block, rank, layout, shape, mesh, h5py)
     except ValueError as exc:
         error = exc
-    agree_on(comm, what, error, path=os.fspath(path), dataset=dataset, shape=shape,
-             dtype=local.dtype, mesh=mesh, layout=layout, overwrite=bool(overwrite),
-             mpio=mpio)
+    agree(comm, what, error, dict(path=os.fspath(path), dataset=dataset, shape=shape,
+                                  dtype=local.dtype, mesh=mesh, layout=layout,
+                                  overwrite=bool(overwrite), mpio=mpio))
 
     new, target = _plan_target(comm, h5py, path, dataset, overwrite, what)
     writer = _writes(mesh, layout, rank) and all(a < b for a, b in block)
@@ -354,7 +354,7 @@ def write_blocks(path, dataset, local, global_shape, mesh, layout, comm=None,
         _clean_up(h5py, target, new, dataset)
     if not failed and new and rank == 0:
         error = _publish(target, os.fspath(path), what)
-    raise_together(comm, error, what)  # also: nobody returns before the rename
+    agree(comm, what, error)  # also: nobody returns before the rename
 
 
 def _check_local(what, local, block, rank, layout, shape, mesh, h5py):

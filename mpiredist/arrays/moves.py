@@ -2,15 +2,18 @@
 
 ``reshape``, slicing and ``concatenate`` each describe what every rank holds
 and must end with as boxes of one index space (global ``(start, stop)`` per
-dim), and :func:`exchange_into` moves the data in rounds
-(:mod:`mpiredist.runtime.exchange`): every rank allocates nothing but the
-buffers of at most W, and the caller's result block.  Every rank calls it
-with the same entries; they come from shapes and layouts only.
+dim), and :func:`exchange_into` moves the data by the one exchange of the
+runtime (:class:`mpiredist.runtime.exchange.Exchange`, the piece model of
+:mod:`mpiredist.planning.pieces`): every rank allocates nothing but the
+rings of at most W, and the caller's result block.  Every rank calls it
+with the same entries; they come from agreed shapes and layouts only, so
+the call makes no agreement of its own and no communicator: it runs on the
+library's duplicate of the mesh's communicator.
 """
 
-from ..planning.exchange import (exchange_workspace, holders_of, mesh_boxes, recv_pieces,
-                                 send_pieces)
-from ..runtime.comm import base_comm
+from ..planning.pieces import Target, box_sources, exchange_workspace, layout_sources
+from ..runtime.comm import base_comm, library_comm
+from ..runtime.context import Context
 from ..runtime.exchange import Exchange
 
 __all__ = ["exchange_into", "source_entries", "shifted"]
@@ -18,7 +21,8 @@ __all__ = ["exchange_into", "source_entries", "shifted"]
 
 def source_entries(shape, mesh, layout):
     """``(box, class)`` of every communicator rank for ``layout`` (None off the mesh)."""
-    return mesh_boxes(shape, mesh, layout, base_comm(mesh).Get_size(), partial=True)
+    return [None if s is None else (s.box, s.cls)
+            for s in layout_sources(shape, mesh, layout, base_comm(mesh).Get_size())]
 
 
 def shifted(box, dim, offset):
@@ -30,22 +34,19 @@ def exchange_into(mesh, dtype, src, dst, local, out, op="sum", workspace=None, w
     """Fill ``out`` (this rank's target box, or None) from ``local`` (collective).
 
     ``src``: per communicator rank ``(box, class)`` or None; ``dst``: per
-    rank a box or None.  ``local`` and ``out`` are this rank's arrays of
-    those boxes' shapes: views are allowed unless ``whole`` (every rank's
-    are whole C-contiguous arrays, and contiguous pieces go unbuffered).
-    Returns the bytes this rank sent.
+    rank a box or None (classes are combined).  ``local`` and ``out`` are
+    this rank's arrays of those boxes' shapes: views are allowed unless
+    ``whole`` (every rank's are whole C-contiguous arrays, and contiguous
+    pieces go unbuffered).  Returns the bytes this rank sent.
     """
-    comm = base_comm(mesh)
-    rank = comm.Get_rank()
+    sources = box_sources(src)
+    targets = [None if b is None else Target(b, None) for b in dst]
     if workspace is None:
-        workspace = exchange_workspace(src, dst, dtype.itemsize)
-    holders = holders_of(src)
-    mine = src[rank]
-    ex = Exchange(comm, dtype, None if mine is None else mine[0], dst[rank],
-                  send_pieces(rank, src, dst, holders), recv_pieces(rank, src, dst, holders),
-                  workspace, op, direct=whole)
+        workspace = exchange_workspace(sources, targets, dtype.itemsize)
+    ctx = Context(library_comm(base_comm(mesh)), dtype)
     try:
+        ex = Exchange(ctx, sources, targets, workspace, op, views=not whole)
         ex.run(local, out)
         return ex.bytes_sent
     finally:
-        ex.free()
+        ctx.free()

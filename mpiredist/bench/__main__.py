@@ -31,14 +31,14 @@ ranks of MPI_COMM_WORLD, and compare time, bytes and measured memory.
 strategies:
   collectives  the paper's normal form (mpiredist's default), run as
                redistribute runs it (not donated): out of place
-               (mpiredist.runtime.executor) when that fits the memory contract, else
+               (mpiredist.runtime.memory.Fresh) when that fits the memory contract, else
                the plan without exchange steps in one buffer; the table's
                "exec" column says which
   into_out     the same, into an out= array allocated once (Transfer.run(block,
                out=out)), as a loop of repeated redistributions runs it: no
                fresh output pages per run, pack buffers kept
   inplace      the collectives plan as redistribute runs it in one buffer
-               (mpiredist.runtime.executor_inplace, W = default workspace): without
+               (mpiredist.runtime.memory.OneBuffer, W = default workspace): without
                exchange steps (allow_exchange=False) unless its only
                exchange is the first step, which reads the source block
   donated      the same (no exchange at all), given a fresh copy of the

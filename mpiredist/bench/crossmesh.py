@@ -9,7 +9,7 @@ The cases are those of ``cross_cases.json`` (packaged in
 language).  A case that does not fit P (a division that is not whole, an
 axis of size 0, a mesh that needs more ranks) is skipped with the reason.
 Every rank builds its source block from its box
-(:func:`mpiredist.planning.exchange.mesh_boxes`) and knows its expected
+(:func:`mpiredist.planning.pieces.layout_boxes`) and knows its expected
 target block; for each case, interleaved in one loop with a barrier before
 each call, it times:
 
@@ -77,6 +77,7 @@ from importlib import resources
 import numpy as np
 
 from ..core.blocks import sub_index
+from ..planning.pieces import layout_boxes
 
 __all__ = ["Unfit", "CrossCase", "Concrete", "evaluate", "parse_ranks", "load_cross_cases",
            "instantiate", "block_values", "measure", "run", "format_rows", "main"]
@@ -283,11 +284,10 @@ def instantiate(case, P, size=1.0):
     shape = tuple(max(1, round(n * f)) if n else 0 for n in shape)
     sa, sr, sl = _side(case, "src", P)
     da, dr, dl = _side(case, "dst", P)
-    from ..planning.exchange import mesh_boxes
     c = Concrete(case, P, shape, np.dtype(case.dtype), sa, sr, sl, da, dr, dl)
     sm, dm = c.meshes()
-    mesh_boxes(shape, sm, sl, P)             # a layout that does not fit its mesh: an error
-    mesh_boxes(shape, dm, dl, P)
+    layout_boxes(shape, sm, sl, P)           # a layout that does not fit its mesh: an error
+    layout_boxes(shape, dm, dl, P)
     return c
 
 
@@ -324,12 +324,11 @@ class Geometry:
     """Every rank's boxes and the first holder of each distinct source box (pure)."""
 
     def __init__(self, c):
-        from ..planning.exchange import mesh_boxes
         P = c.P
         self.shape, self.itemsize = c.shape, c.dtype.itemsize
         sm, dm = c.meshes()
-        self.sboxes = mesh_boxes(c.shape, sm, c.src, P)
-        self.tboxes = mesh_boxes(c.shape, dm, c.dst, P)
+        self.sboxes = layout_boxes(c.shape, sm, c.src, P)
+        self.tboxes = layout_boxes(c.shape, dm, c.dst, P)
         holders = {}
         for r, box in enumerate(self.sboxes):
             if box is not None:

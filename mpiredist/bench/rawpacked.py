@@ -3,7 +3,7 @@
 Beside ``raw`` (one bare collective on contiguous buffers) this reference
 does the whole redistribution the simplest way: every rank packs all it
 sends (its source block cut by every other rank's target block, the pieces
-of :mod:`mpiredist.planning.exchange`) into one buffer of up to S bytes,
+of the piece model, :mod:`mpiredist.planning.pieces`) into one buffer of up to S bytes,
 runs one ``Alltoallv`` over the mesh, and unpacks into a new target block;
 its own piece is copied directly (MPICH 5 copies a rank's own part of an
 ``Alltoallv`` at about 100 MB/s here: 20 ms for 2 MiB at 4 ranks, against
@@ -17,7 +17,7 @@ Partial sources are not covered (a reduction is no Alltoallv).
 import numpy as np
 
 from ..core.blocks import box_shape, box_size, sub_index
-from ..planning.exchange import holders_of, mesh_boxes, recv_pieces, send_pieces
+from ..planning.pieces import Holders, layout_sources, layout_targets, recv_pieces, send_pieces
 
 __all__ = ["RawPacked"]
 
@@ -41,10 +41,10 @@ class RawPacked:
 
         self._mpi, self.comm = mpi(), comm
         size, rank = comm.Get_size(), comm.Get_rank()
-        src = mesh_boxes(plan.global_shape, plan.mesh, plan.src, size, partial=True)
-        dst = mesh_boxes(plan.global_shape, plan.mesh, plan.dst, size)
-        holders = holders_of(src)
-        self.src_box, self.dst_box = src[rank][0], dst[rank]
+        src = layout_sources(plan.global_shape, plan.mesh, plan.src, size)
+        dst = layout_targets(plan.global_shape, plan.mesh, plan.dst, size)
+        holders = Holders(src)
+        self.src_box, self.dst_box = src[rank].box, dst[rank].box
         self.dtype = np.dtype(plan.dtype)
         self.sends = send_pieces(rank, src, dst, holders)              # ordered by target
         self.recvs = sorted(recv_pieces(rank, src, dst, holders), key=lambda x: x.peer)

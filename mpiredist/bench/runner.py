@@ -22,8 +22,8 @@ Per case, on every rank:
    shuffled each round (A/B interleaving, :func:`_orders`), with a barrier
    before each timed run.  A run's time is the largest over ranks.
 
-Timed runs call :func:`mpiredist.runtime.executor.execute` (``inplace``, ``donated``:
-:func:`mpiredist.runtime.executor_inplace.execute_inplace` with W =
+Timed runs call a Transfer of the prebuilt plan (``Transfer.from_plan``;
+``inplace``: the one-buffer strategy of :mod:`mpiredist.runtime.memory` with W =
 :func:`mpiredist.planning.budget.default_workspace`) on the prebuilt plan, so planning
 and the argument check of :func:`mpiredist.redistribute` (one small
 collective) are outside the timing, equally for every strategy.  ``donated``
@@ -71,7 +71,8 @@ RSS_NOISE = 1 << 20
 STRATEGIES = ("collectives", "into_out", "inplace", "donated", "xla", "replicate", "direct",
               "raw", "raw_packed")
 REFERENCES = ("raw", "raw_packed")       # sized from the collectives plan, not planned
-# Run by mpiredist.runtime.executor_inplace on the collectives plan without exchange steps.
+# Run in one buffer (mpiredist.runtime.memory.OneBuffer) on the collectives plan without
+# exchange steps.
 INPLACE = ("inplace", "donated")
 # The collectives plan, run into a preallocated ``out=`` array.
 INTO_OUT = "into_out"
@@ -398,13 +399,14 @@ def _limit(name, s, t, workspace):
 def _runner(name, plan, src, mesh, raw, packed=None):
     """``(prepare, transfer or raw, plan run, executor)`` for strategy ``name``.
 
-    Every strategy but ``raw`` runs through a
-    :class:`~mpiredist.runtime.transfer.Transfer` of its plan, exactly as
-    :func:`mpiredist.redistribute` would run it (the Transfer chooses the
-    executor from the plan and the memory contract), except that ``inplace``
-    forces one buffer and ``donated`` donates.  ``prepare`` (not timed)
-    returns the block a run gets: ``src`` itself, or for ``donated`` a fresh
-    copy that the run may resize and overwrite.
+    Every strategy but the references runs through a Transfer of its plan
+    (``mr.Transfer.from_plan``), exactly as :func:`mpiredist.redistribute`
+    would run it (the Transfer chooses how from the plan and the memory
+    contract): ``donated`` donates, ``into_out`` runs into one ``out=``
+    array; ``inplace`` is the bench's own runner of the kept source in one
+    buffer (:class:`_OneBuffer`).  ``prepare`` (not timed) returns the block
+    a run gets: ``src`` itself, or for ``donated`` a fresh copy that the run
+    may resize and overwrite.
     """
     from ..runtime.transfer import Transfer
 
@@ -412,14 +414,48 @@ def _runner(name, plan, src, mesh, raw, packed=None):
         return (lambda: None), raw, None, "raw MPI"
     if name == "raw_packed":
         return (lambda: src), packed, None, "raw MPI packed"
+    if name == "inplace":
+        one = _OneBuffer(plan, mesh)
+        return (lambda: src), one, one.plan, "in place"
     donate = name == "donated"
-    t = Transfer.agreed(mesh, plan, donate, None, one_buffer=name == "inplace")
+    t = Transfer.from_plan(plan, mesh, donate=donate)
     if name == INTO_OUT:
-        kept = t._choices["kept"]
-        return (lambda: src), _IntoOut(t), kept.plan, kept.executor
+        return (lambda: src), _IntoOut(t), t.plan, t.executor
     prepare = (lambda: src.copy(order="C")) if donate else (lambda: src)
-    kept = t._choices["given" if donate else "kept"]
-    return prepare, t, kept.plan, "in place" if kept.inplace else "out of place"
+    return prepare, t, t.plan, t.executor
+
+
+class _OneBuffer:
+    """The ``inplace`` strategy: a kept source run in one buffer even where out of
+    place would fit, built from the runtime's public pieces (the plan without
+    exchange steps where one cannot run there, a Context, the one-buffer
+    memory strategy, the steps' loop) with the default workspace."""
+
+    def __init__(self, plan, mesh):
+        from ..planning.budget import assess, default_workspace, in_place_plan, reduction_room
+        from ..runtime import steps
+        from ..runtime.comm import mesh_comm
+        from ..runtime.context import Context
+        from ..runtime.memory import OneBuffer
+
+        w = default_workspace(plan)
+        replan = None
+        if plan.strategy == "collectives":
+            def replan():
+                return planner.plan(plan.global_shape, plan.dtype, plan.mesh, plan.src,
+                                    plan.dst, "collectives", allow_exchange=False)
+        self.plan, _, _, budget = in_place_plan(plan, assess(plan, False, w), False, w, replan)
+        self.workspace = budget.workspace
+        mc = mesh_comm(mesh)
+        self.ctx = Context(mc.comm, plan.dtype, np, self.plan, mc)
+        self.ctx.reduce_room = reduction_room(self.workspace)
+        self._run, self._memory = steps.run, OneBuffer
+
+    def run(self, local, records=None):
+        return self._run(self.ctx, self._memory(self.ctx, local, False, self.workspace), records)
+
+    def free(self):
+        self.ctx.free()
 
 
 class _IntoOut:

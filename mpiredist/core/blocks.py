@@ -21,8 +21,8 @@ import numpy as np
 from .subaxes import group_size
 
 __all__ = ["chunk", "interval", "aligned", "divides_evenly", "block_index", "local_shape",
-           "rank_block", "overlap", "box_size", "box_shape", "sub_index", "flat_range_boxes", "SLAB", "slabs", "slab_digit", "slab_index",
-           "slab_interval"]
+           "rank_block", "overlap", "box_size", "box_shape", "sub_index", "flat_offset",
+           "contiguous_box", "SLAB", "slabs", "slab_digit", "slab_index", "slab_interval"]
 
 # Digit combinations per slab: int64 arrays of 32 KiB, so that a figure over
 # the 65,536 ranks of a large mesh needs a few hundred KiB, not O(P) arrays.
@@ -105,31 +105,22 @@ def sub_index(box, sub):
     return tuple(slice(x - a, y - a) for (a, _), (x, y) in zip(box, sub)) + (Ellipsis,)
 
 
-def flat_range_boxes(shape, start, stop):
-    """Boxes whose C-order concatenation is elements ``[start, stop)`` of ``shape``.
+def flat_offset(full, starts):
+    """Elements before index ``starts`` of a C-ordered array of shape ``full``."""
+    offset = 0
+    for n, s in zip(full, starts):
+        offset = offset * n + s
+    return offset
 
-    At most ``2 * ndim - 1`` boxes, relative to ``shape``: a partial leading
-    row, whole rows, a partial trailing row, each split the same way one
-    dim further in.  Used to pack or unpack a piece of a box in rounds
-    without copying the whole piece.
-    """
-    if start >= stop:
-        return []
-    if len(shape) <= 1:
-        return [((start, stop),)] if shape else [()]
-    rest = math.prod(shape[1:])
-    (i0, r0), (i1, r1) = divmod(start, rest), divmod(stop, rest)
-    if i0 == i1:
-        return [((i0, i0 + 1),) + b for b in flat_range_boxes(shape[1:], r0, r1)]
-    out = []
-    if r0:
-        out += [((i0, i0 + 1),) + b for b in flat_range_boxes(shape[1:], r0, rest)]
-        i0 += 1
-    if i1 > i0:
-        out.append(((i0, i1),) + tuple((0, n) for n in shape[1:]))
-    if r1:
-        out += [((i1, i1 + 1),) + b for b in flat_range_boxes(shape[1:], 0, r1)]
-    return out
+
+def contiguous_box(full, starts, shape):
+    """True if the box at ``starts`` of ``shape`` is one run of a C-ordered array of
+    shape ``full``: after its first dim longer than 1, every dim spans the
+    whole array (the one contiguity test of the package)."""
+    dims = [d for d, n in enumerate(shape) if n > 1]
+    if not dims:
+        return True
+    return all(shape[d] == full[d] for d in range(dims[0] + 1, len(full)))
 
 
 def slabs(space, size=SLAB):

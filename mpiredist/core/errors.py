@@ -16,6 +16,7 @@ __all__ = [
     "CommunicationError",
     "BudgetWarning",
     "DonationWarning",
+    "remote",
 ]
 
 
@@ -44,11 +45,56 @@ class MismatchError(MpiredistError, ValueError):
 
 
 class RemoteError(MpiredistError, ValueError):
-    """Another rank found bad input; raised on the ranks that did not."""
+    """Another rank found bad input; raised on the ranks that did not.
+
+    Raised as the subclass that matches the culprit's error (e.g.
+    ``RemoteShapeError``, a :class:`ShapeError` too), with the culprit's
+    message, so that the same ``except`` clause catches it on every rank;
+    ``rank`` is the rank at fault.
+    """
+
+    rank = None
 
 
 class CommunicationError(MpiredistError, RuntimeError):
     """An MPI call failed while a plan step was running."""
+
+
+class RemoteLayoutError(RemoteError, LayoutError):
+    """A :class:`LayoutError` found on another rank."""
+
+
+class RemoteMeshError(RemoteError, MeshError):
+    """A :class:`MeshError` found on another rank."""
+
+
+class RemoteShapeError(RemoteError, ShapeError):
+    """A :class:`ShapeError` found on another rank."""
+
+
+class RemotePlanError(RemoteError, PlanError):
+    """A :class:`PlanError` found on another rank."""
+
+
+class RemoteMismatchError(RemoteError, MismatchError):
+    """A :class:`MismatchError` found on another rank."""
+
+
+_REMOTE = {"LayoutError": RemoteLayoutError, "MeshError": RemoteMeshError,
+           "ShapeError": RemoteShapeError, "PlanError": RemotePlanError,
+           "MismatchError": RemoteMismatchError}
+
+
+def remote(name, message, rank):
+    """The exception to raise where rank ``rank`` raised ``name(message)``.
+
+    Errors of this package keep their class (as its remote subclass); any
+    other becomes a plain :class:`RemoteError` whose message names it.
+    """
+    cls = _REMOTE.get(name)
+    error = cls(message) if cls is not None else RemoteError(f"rank {rank}: {name}: {message}")
+    error.rank = rank
+    return error
 
 
 class BudgetWarning(ResourceWarning):

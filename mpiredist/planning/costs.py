@@ -82,11 +82,14 @@ def exchange_bytes(shape, itemsize, before, after, mesh_axes):
 
 
 def _most_sent(shape, before, after, mesh_axes):
-    """Max over ranks of elements an exchange sends to others (routing.exchange_sends).
+    """Max over ranks of elements an exchange sends to others, by the holder rule
+    of :mod:`mpiredist.planning.pieces` evaluated without enumerating ranks.
 
-    Rank ``q`` sends, for each setting ``u`` of the shard digits but its own,
-    the part of its block that the rank with shard digits ``u`` and free
-    digits ``own free - u`` needs.  Arrays are (ranks of a slab) x (all ``u``),
+    Receiver ``r`` takes block ``u`` from the holder whose free digits are
+    ``r``'s free index plus ``r``'s shard index; so rank ``q`` sends, for
+    each setting ``u`` of the shard digits but its own, the part of its
+    block that the rank with shard digits ``u`` and free digits
+    ``own free - u`` needs.  Arrays are (ranks of a slab) x (all ``u``),
     at most ``SLAB`` entries (the caller keeps ranks x sources that small).
     """
     space = mesh_sub_axes(mesh_axes)            # combination number == rank

@@ -5,18 +5,19 @@ Two meshes over the same ranks in the same order whose axis boundaries nest
 are both sub-axes of one *refined* mesh: :func:`refine` gives it, with each
 original axis as a run of its axes, so a layout on either mesh is a layout on
 the refined one and the collective normal form (and its memory theorem)
-applies unchanged.  Otherwise the array moves by the exchange of
-:mod:`mpiredist.planning.exchange`, and :class:`CrossPlan` describes it.
+applies unchanged.  Otherwise the array moves by one exchange of the piece
+model (:mod:`mpiredist.planning.pieces`), and :class:`CrossPlan` describes it.
 """
 
+import math
 from dataclasses import dataclass
 
 from ..core.blocks import box_size, overlap
 from ..core.errors import LayoutError, MeshError
 from ..core.layout import Layout
 from ..core.mesh import Mesh
-from .exchange import (exchange_workspace, holders_of, mesh_boxes, recv_pieces, rounds,
-                       segment_items, send_pieces)
+from .pieces import (Holders, exchange_workspace, layout_boxes, layout_sources, layout_targets,
+                     part_limit, parts, recv_pieces, send_pieces)
 
 __all__ = ["refine", "rewrite", "route", "comm_size_of", "relabel", "CrossPlan", "cross_plan"]
 
@@ -99,8 +100,8 @@ def relabel(shape, src_mesh, src, dst_mesh, dst, comm_size):
         raise MeshError(f"target mesh {dst_mesh}: ranks='auto' orders every rank, but the "
                         f"mesh has {dst_mesh.size} devices and the communicator "
                         f"{comm_size} ranks")
-    sboxes = mesh_boxes(shape, src_mesh, src, comm_size)
-    tboxes = mesh_boxes(shape, Mesh(dst_mesh.axes), dst, comm_size)
+    sboxes = layout_boxes(shape, src_mesh, src, comm_size)
+    tboxes = layout_boxes(shape, Mesh(dst_mesh.axes), dst, comm_size)
     pairs = []
     for d, tb in enumerate(tboxes):
         for r, sb in enumerate(sboxes):
@@ -124,11 +125,14 @@ def relabel(shape, src_mesh, src, dst_mesh, dst, comm_size):
 
 @dataclass(frozen=True)
 class CrossPlan:
-    """An exchange between two meshes: what moves, in how many rounds.
+    """An exchange between two meshes: what moves, in how many parts.
 
     Figures are over all ranks of the communicator (``comm_size``), for the
     workspace W.  ``bytes_sent_max`` and ``bytes_received_max`` are the most
-    any rank sends or receives from other ranks; ``bytes_total`` is the sum.
+    any rank sends or receives from other ranks; ``bytes_total`` is the sum;
+    ``peers`` the most other ranks one rank sends to or receives from;
+    ``part_items`` the elements of a packed part (W / 4 of bytes) and
+    ``parts`` the most parts one rank sends or receives.
     """
 
     global_shape: tuple
@@ -143,8 +147,8 @@ class CrossPlan:
     bytes_sent_max: int
     bytes_received_max: int
     peers: int
-    segment_items: int
-    rounds: int
+    part_items: int
+    parts: int
 
     def to_dict(self):
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -165,8 +169,8 @@ class CrossPlan:
             f"{self.comm_size} ranks, W = {_bytes(self.workspace)}",
             f"  sends {_bytes(self.bytes_total)} in all; at most {_bytes(self.bytes_sent_max)}"
             f" sent and {_bytes(self.bytes_received_max)} received by one rank",
-            f"  {self.rounds} round(s) of point-to-point messages, at most {self.peers} "
-            f"peer(s) per rank, segments of {self.segment_items} item(s)",
+            f"  point-to-point messages, pipelined: at most {self.peers} peer(s) and "
+            f"{self.parts} part(s) per rank, packed parts of {self.part_items} item(s)",
             "  memory: target block + W on every rank (S = 0 off the source mesh, "
             "T = 0 off the target mesh)"])
 
@@ -177,20 +181,27 @@ class CrossPlan:
 def cross_plan(shape, dtype, src_mesh, src, dst_mesh, dst, comm_size, workspace=None):
     """The :class:`CrossPlan` of an exchange (every rank's pieces: O(ranks^2) work)."""
     itemsize = dtype.itemsize
-    sboxes = mesh_boxes(shape, src_mesh, src, comm_size, partial=True)
-    tboxes = mesh_boxes(shape, dst_mesh, dst, comm_size)
+    sources = layout_sources(shape, src_mesh, src, comm_size)
+    targets = layout_targets(shape, dst_mesh, dst, comm_size)
     if workspace is None:
-        workspace = exchange_workspace(sboxes, tboxes, itemsize)
-    holders = holders_of(sboxes)
-    sent, received, peers, largest = [], [], 1, 0
+        workspace = exchange_workspace(sources, targets, itemsize)
+    holders = Holders(sources)
+    items = part_limit(itemsize, workspace, (True, True))     # as the runtime cuts
+    items = max(1, workspace // 2 // itemsize) if items == math.inf else items
+    sent, received, peers, most = [], [], 1, 0
     for r in range(comm_size):
-        out = [x for x in send_pieces(r, sboxes, tboxes, holders) if x.peer != r]
-        into = [x for x in recv_pieces(r, sboxes, tboxes, holders) if x.peer != r]
+        out = [x for x in send_pieces(r, sources, targets, holders) if x.peer != r]
+        into = [x for x in recv_pieces(r, sources, targets, holders) if x.peer != r]
         sent.append(sum(box_size(x.box) for x in out) * itemsize)
         received.append(sum(box_size(x.box) for x in into) * itemsize)
-        peers = max(peers, len(out), len(into))
-        largest = max([largest] + [box_size(x.box) for x in out])
-    s = segment_items(max(1, workspace // 2), itemsize, peers)
+        peers = max(peers, len({x.peer for x in out}), len({x.peer for x in into}))
+        for pieces in (out, into):
+            most = max(most, sum(1 if x.direct else len(parts(_shape(x.box), items))
+                                 for x in pieces))
     return CrossPlan(tuple(shape), dtype, src_mesh, Layout.parse(src), dst_mesh,
                      Layout.parse(dst), comm_size, workspace, sum(sent), max(sent + [0]),
-                     max(received + [0]), peers, s, rounds(largest, s))
+                     max(received + [0]), peers, items, most)
+
+
+def _shape(box):
+    return tuple(hi - lo for lo, hi in box)

@@ -41,8 +41,8 @@ from functools import lru_cache
 import numpy as np
 
 from ..core.blocks import chunk, slab_interval, slabs
-from ..core.subaxes import group_size, mesh_sub_axes, rank_digits
-from .routing import exchange_sends
+from ..core.subaxes import group_size, mesh_sub_axes
+from .pieces import Holders, layout_sources, layout_targets, send_pieces
 
 __all__ = ["Network", "Prediction", "predict", "step_rounds", "exchange_peers",
            "recv_peers", "most_recv_peers", "ALPHA", "BETA", "MEMORY_BANDWIDTH"]
@@ -51,7 +51,7 @@ ALPHA = 2e-6              # seconds per message (MPI latency over InfiniBand)
 BETA = 25e9               # bytes per second per rank (200 Gb/s link)
 MEMORY_BANDWIDTH = 100e9  # bytes per second for a local copy
 
-# Up to this many ranks, exchange send peers are counted from the routing
+# Up to this many ranks, exchange send peers are counted from the piece model
 # (a Python loop per rank); receive peers are counted for any mesh.
 EXACT_SEND_PEERS_RANKS = 64
 
@@ -86,7 +86,7 @@ def _peer_counts(shape, before, after, space, combos):
     """Per digit combination: other ranks an exchange ``before -> after`` receives from.
 
     A rank gets each source block that meets its target block, except its
-    own, from one holder (:mod:`mpiredist.planning.routing`).
+    own, from one holder (:mod:`mpiredist.planning.pieces`).
     """
     count, held = 1, True
     for n, b, a in zip(shape, before.dims, after.dims):
@@ -126,15 +126,17 @@ def exchange_peers(plan, step):
 
     The most receive peers of any rank (:func:`most_recv_peers`); up to
     ``EXACT_SEND_PEERS_RANKS`` ranks the send peers are counted from the
-    routing too (a loop per rank), and the larger number is taken.
+    piece model too (a loop per rank), and the larger number is taken.
     """
     mesh = plan.mesh
     best = most_recv_peers(plan.global_shape, step.before, step.after, mesh.axes)
     if mesh.size <= EXACT_SEND_PEERS_RANKS:
+        sources = layout_sources(plan.global_shape, mesh, step.before, mesh.size)
+        targets = layout_targets(plan.global_shape, mesh, step.after, mesh.size, True)
+        holders = Holders(sources)
         for r in range(mesh.size):
-            sends = exchange_sends(mesh, plan.global_shape, step.before, step.after,
-                                   rank_digits(mesh, r))
-            best = max(best, len({q for q, _ in sends} - {r}))
+            sends = send_pieces(r, sources, targets, holders)
+            best = max(best, len({x.peer for x in sends} - {r}))
     return min(best, mesh.size - 1)
 
 

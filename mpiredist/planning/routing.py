@@ -1,28 +1,22 @@
-"""Who talks to whom: sub-communicator members, permute pairs, exchange peers.
+"""Who talks to whom in a collective: sub-communicator members and permute pairs.
 
-Pure functions of the mesh, the layouts and a rank's digits (no MPI), shared
-by the simulator and the MPI executor so that both move the same data.
+Pure functions of the mesh, the layouts and a rank's digits (no MPI).  Who
+sends which piece in an exchange is the piece model's
+(:mod:`mpiredist.planning.pieces`).
 
 Permute (layouts with the same shard count per dim): rank ``r`` receives the
 block it needs from the rank ``s`` whose source block is ``r``'s target block;
 digits that neither layout constrains are copied from ``r``, the others are
 matched by mixed-radix order, which makes the pairing a bijection.
-
-Exchange: rank ``r`` takes a piece of its target block from itself when it
-holds it.  Otherwise the holders of that source block differ only in the
-free digits (sub-axes the source neither shards nor holds partial sums
-over); ``r`` picks the holder whose free digits are its own rotated by the
-index of its own source block, which spreads the receivers of one block
-evenly over its holders.
 """
 
 import itertools
 
-from ..core.blocks import block_index, group_size, interval, overlap, rank_block
+from ..core.blocks import block_index
 from ..core.subaxes import sub_axes
 
 __all__ = ["all_sub_axes", "digits_to_rank", "member_ranks", "permute_source",
-           "permute_dest", "exchange_recvs", "exchange_sends", "member_digits"]
+           "permute_dest", "member_digits"]
 
 
 def all_sub_axes(mesh):
@@ -83,75 +77,3 @@ def permute_source(mesh, before, after, digits):
 def permute_dest(mesh, before, after, digits):
     """Rank that receives the ``before`` block of the rank ``digits``."""
     return permute_source(mesh, after, before, digits)
-
-
-def free_axes(mesh, before):
-    """Sub-axes that neither shard ``before`` nor carry its partial sums."""
-    taken = before.used() | frozenset(before.partial)
-    return tuple(s for s in all_sub_axes(mesh) if s not in taken)
-
-
-def shard_axes(mesh, before):
-    """Sub-axes that shard ``before``, in mesh order."""
-    used = before.used()
-    return tuple(s for s in all_sub_axes(mesh) if s in used)
-
-
-def _holder(mesh, before, digits, blocks):
-    d = dict(digits)
-    _set_block(d, before.dims, blocks)
-    if d == digits:
-        return digits_to_rank(mesh, d)
-    free = free_axes(mesh, before)
-    shift = block_index(shard_axes(mesh, before), digits)
-    _unflatten(d, free, (block_index(free, digits) + shift) % group_size(free))
-    return digits_to_rank(mesh, d)
-
-
-def _block_range(n, k, lo, hi):
-    """Indices of the shards (of ``k``) that meet ``[lo, hi)``."""
-    if lo >= hi:
-        return range(0)
-    c = -(-n // k)
-    return range(lo // c, min(k, -(-hi // c)))
-
-
-def exchange_recvs(mesh, shape, before, after, digits):
-    """List of ``(rank, box)``: where each piece of this rank's target comes from.
-
-    ``box`` is the global per-dim ``(start, stop)`` of the piece.
-    """
-    mine = rank_block(shape, after, digits)
-    ranges = [_block_range(n, group_size(g), lo, hi)
-              for n, g, (lo, hi) in zip(shape, before.dims, mine)]
-    out = []
-    for blocks in itertools.product(*ranges):
-        src_box = tuple(interval(n, group_size(g), p)
-                        for n, g, p in zip(shape, before.dims, blocks))
-        box = overlap(mine, src_box)
-        if box is not None:
-            out.append((_holder(mesh, before, digits, blocks), box))
-    return out
-
-
-def exchange_sends(mesh, shape, before, after, digits):
-    """List of ``(rank, box)``: the pieces of this rank's source that others need.
-
-    The mirror image of :func:`exchange_recvs`: for each setting ``u`` of the
-    shard digits other than its own, exactly one rank with those digits picks
-    this rank as holder.
-    """
-    mine = rank_block(shape, before, digits)
-    shard, free = shard_axes(mesh, before), free_axes(mesh, before)
-    own, nfree = block_index(free, digits), group_size(free)
-    out = []
-    for combo in itertools.product(*(range(s.size) for s in shard)):
-        d = dict(digits)
-        d.update(zip(shard, combo))
-        if d == digits:
-            continue
-        _unflatten(d, free, (own - block_index(shard, d)) % nfree)
-        box = overlap(mine, rank_block(shape, after, d))
-        if box is not None:
-            out.append((digits_to_rank(mesh, d), box))
-    return out

@@ -1,8 +1,10 @@
 """Run a plan for all P virtual ranks in one process, with numpy.
 
-The semantic reference for the MPI executor: each step is carried out the
-way its collective defines it (concatenate members' blocks, split and swap,
-reduce), rank by rank, using the same routing as the executor.
+The semantic reference for the MPI runtime (a test oracle): each step is
+carried out the way its collective defines it (concatenate members' blocks,
+split and swap, reduce), rank by rank, sharing no code with the runtime's
+steps or its piece model (an exchange copies each piece from any rank that
+holds it).
 
 Examples
 --------
@@ -16,14 +18,13 @@ Examples
 
 import numpy as np
 
-from ..core.blocks import rank_block
+from ..core.blocks import block_index, overlap, rank_block
 from ..core.errors import ShapeError
-from .routing import (exchange_recvs, member_ranks, permute_source)
 from ..core.subaxes import rank_digits
+from .pieces import REDUCERS
+from .routing import member_ranks, permute_source
 
-__all__ = ["simulate", "REDUCERS"]
-
-REDUCERS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+__all__ = ["simulate"]
 
 
 def simulate(plan, blocks):
@@ -103,16 +104,28 @@ def _permute(plan, step, state, digits, r):
 
 
 def _exchange(plan, step, state, digits, r):
+    """Every element of rank r's target block from some rank holding it in the
+    same partial class (the lowest such rank: any holder has the same values)."""
     shape = plan.global_shape
     mine = rank_block(shape, step.after, digits[r])
     out = np.empty(tuple(hi - lo for lo, hi in mine), dtype=plan.dtype)
-    filled = 0
-    for s, box in exchange_recvs(plan.mesh, shape, step.before, step.after, digits[r]):
+    filled = np.zeros(out.shape, dtype=bool)
+    cls = block_index(step.before.partial, digits[r])
+    for s in range(plan.mesh.size):
+        if block_index(step.before.partial, digits[s]) != cls:
+            continue
         held = rank_block(shape, step.before, digits[s])
-        out[_relative(box, mine)] = state[s][_relative(box, held)]
-        filled += int(np.prod([hi - lo for lo, hi in box]))
-    if filled != out.size:
-        raise AssertionError(f"exchange filled {filled} of {out.size} elements on rank {r}")
+        box = overlap(mine, held) if mine else ()
+        if box is None:
+            continue
+        where = _relative(box, mine)
+        if filled[where].all():
+            continue
+        out[where] = state[s][_relative(box, held)]
+        filled[where] = True
+    if not filled.all():
+        raise AssertionError(f"exchange left {int((~filled).sum())} of {out.size} elements "
+                             f"of rank {r} unfilled")
     return out
 
 

@@ -1,30 +1,38 @@
-"""Agreement across ranks before any communication of data.
+"""The one agreement across ranks, before any data moves.
 
 Each rank validates its own inputs and turns a problem into an exception
-object instead of raising it.  :func:`agree_on` then runs one small
-Allreduce (an error flag and a fingerprint of the arguments); only when some
-rank has a problem does a second exchange find which rank and why.  Every
-rank raises (its own error, or a :class:`RemoteError` naming the rank at
-fault) or none does.  No rank is left
-waiting in a collective that its peers never enter.
+object instead of raising it.  :func:`agree` then runs one small Allreduce
+of a fixed size on every call site (an error flag, a fingerprint of the
+values that must be equal, and up to :data:`FLAGS` booleans whose AND over
+ranks decides a path every rank must take alike, such as a donation).
+Only when some rank has a problem does a second exchange find which rank
+and why.  Every rank raises or none does, and the message is the same on
+every rank: that of the first rank at fault, naming it once
+(``"rank 2: ..."``).  That rank raises its own exception; the others raise
+the matching remote class (:func:`mpiredist.core.errors.remote`), so
+``except mr.ShapeError`` catches it everywhere and ``isinstance(e,
+mr.RemoteError)`` tells a rank that was not at fault.
+
+Every agreement of the package has the same size and names its call in
+the fingerprint, so ranks that reach different agreements (different
+arguments on one rank) meet in one Allreduce and raise
+:class:`~mpiredist.MismatchError` together instead of hanging.
+:func:`check_together` runs a validation body and agrees on its outcome.
 """
 
 import hashlib
 
-from ..core.errors import MismatchError, RemoteError, ShapeError
+import numpy as np
+
+from ..core.errors import MismatchError, MpiredistError, ShapeError, remote
 from ..core.mesh import Mesh
 from ..planning import profile as profiles
 from .comm import base_comm, mpi
 
-__all__ = ["raise_together", "fingerprint", "agree_on", "agree_flags", "check_together"]
+__all__ = ["agree", "check_together", "fingerprint", "FLAGS"]
 
-
-def raise_together(comm, error, what="mpiredist"):
-    """Raise on every rank of ``comm`` if ``error`` is not None on any rank.
-
-    ``error`` is this rank's exception (or None).  Costs one small allgather.
-    """
-    agree_on(comm, what, error)
+# The booleans one agreement carries at most (all agreements have one size).
+FLAGS = 4
 
 
 def fingerprint(*values):
@@ -33,84 +41,105 @@ def fingerprint(*values):
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-def agree_on(comm, what, error=None, **values):
-    """Raise on every rank unless all ranks pass the same ``values``.
+def agree(comm, what, error=None, same=None, every=None):
+    """One small collective: raise on every rank together, or return the AND of ``every``.
 
-    ``what`` names the call in the message; ``error`` is this rank's own
-    validation error, combined into the same exchange.
-    """
-    agree_flags(comm, what, error, values)
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm or None
+        Every rank of it calls :func:`agree` (None or one rank: local only).
+    what : str
+        The call, named in messages and in the fingerprint.
+    error : Exception or None
+        This rank's validation error: raised on this rank if it is the first
+        at fault, as the remote class of the first error elsewhere.
+    same : dict, optional
+        Values that must be equal on every rank (by ``str``), else every rank
+        raises :class:`~mpiredist.MismatchError` naming the first that differs.
+    every : dict of bool, optional
+        At most :data:`FLAGS` facts; comes back as ``{key: true on every rank}``.
 
-
-def agree_flags(comm, what, error=None, same=None, every=None):
-    """One small collective: raise together, or return the AND of ``every``.
-
-    ``same`` (a dict) must be equal on every rank, else every rank raises
-    :class:`MismatchError`; ``error`` (this rank's exception or None) is
-    raised on its rank and a :class:`RemoteError` on the others.  ``every``
-    (a dict of booleans) comes back as ``{key: true on every rank}``: the
-    facts that decide a path every rank must take alike.
+    Returns
+    -------
+    dict of bool
     """
     every = dict(every or {})
+    if len(every) > FLAGS:
+        raise ValueError(f"agree({what!r}): at most {FLAGS} flags, given {len(every)}")
     mine = {k: str(v) for k, v in (same or {}).items()}
     if comm is None or comm.Get_size() == 1:
         if error is not None:
             raise error
         return every
-    ok, flags = _all_fine(comm, error, mine, list(every.values()))
-    if ok:
-        return dict(zip(every, flags))
-    text = None if error is None else f"{type(error).__name__}: {error}"
-    gathered = comm.allgather((text, mine))      # slow path: find the culprit
-    raise_together_from(gathered, error, what, comm.Get_rank())
+    h = int(fingerprint(what, *sorted(mine.items())), 16) >> 2
+    flags = [not f for f in every.values()] + [False] * (FLAGS - len(every))
+    values = np.array([error is not None, h, -h, *flags], dtype=np.int64)
+    MPI = mpi()
+    comm.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
+    if values[0] == 0 and values[1] == -values[2]:
+        return {k: not bool(f) for k, f in zip(every, values[3:])}
+    text = None if error is None else (type(error).__name__, str(error))
+    gathered = comm.allgather((text, what, mine))      # slow path: find the culprit
+    _raise(gathered, error, what, comm.Get_rank())
     raise AssertionError("unreachable: ranks disagreed but nothing was raised")
 
 
-def _all_fine(comm, error, mine, every=()):
-    """One Allreduce: no rank has an error, all fingerprints are equal, and
-    which of the ``every`` flags hold on every rank."""
-    import numpy as np
-    from mpi4py import MPI
-    h = int(fingerprint(*sorted(mine.items())), 16) >> 2
-    flags = np.array([error is not None, h, -h, *(not f for f in every)], dtype=np.int64)
-    comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
-    return flags[0] == 0 and flags[1] == -flags[2], [not f for f in flags[3:]]
+def _raise(gathered, error, what, rank):
+    """Raise the first culprit's error (or the first mismatch) on this rank.
 
-
-def raise_together_from(gathered, error, what, rank):
-    bad = [(r, t) for r, (t, _) in enumerate(gathered) if t is not None]
+    A problem that only some ranks have is named by its first rank
+    (``"rank r: ..."``); one that every rank has in the same words is
+    raised as it is, each rank with its own exception object.
+    """
+    bad = [(r, t) for r, (t, _, _) in enumerate(gathered) if t is not None]
     if bad:
-        if error is not None:
+        first, (name, message) = bad[0]
+        if len(bad) < len(gathered) and not message.startswith(f"rank {first}"):
+            message = f"rank {first}: {message}"
+        others = sum(1 for _, t in bad[1:] if t != bad[0][1])
+        if others:
+            message += f" (and {others} more rank(s) with other problems)"
+        if error is not None and (type(error).__name__, str(error)) == (name, message):
             raise error
-        r, first = bad[0]
-        more = f" (and {len(bad) - 1} more rank(s))" if len(bad) > 1 else ""
-        raise RemoteError(f"{what}: rank {r} rejected the call{more}: {first}")
-    ref = gathered[0][1]
-    for r, (_, vals) in enumerate(gathered):
-        for key in ref:
-            if vals.get(key) != ref[key]:
+        if rank == first:
+            raise _again(error, message) from error
+        raise remote(name, message, first) from error
+    what, ref = gathered[0][1], gathered[0][2]         # rank 0's words on every rank
+    common = [k for k in ref if all(k in vals for _, _, vals in gathered)]
+    for key in common + [k for k in ref if k not in common]:
+        for r, (_, _, vals) in enumerate(gathered):
+            if vals.get(key) != ref.get(key):
                 raise MismatchError(f"{what}: ranks disagree on {key}: rank 0 has "
-                                    f"{ref[key]}, rank {r} has {vals.get(key)}")
+                                    f"{ref.get(key)}, rank {r} has {vals.get(key)}")
+    found = ", ".join(f"rank {r}: {c}" for r, (_, c, _) in enumerate(gathered))
+    raise MismatchError(f"{what}: ranks are in different calls ({found})")
+
+
+def _again(error, message):
+    """``error``'s class with ``message`` (this package's errors), else ``error``."""
+    if isinstance(error, MpiredistError):
+        return type(error)(message)
+    return error
 
 
 def check_together(what, mesh, body, every=None):
-    """Run ``body(mesh, rank) -> (result, values)`` on every rank; raise together.
+    """Run ``body(mesh, rank) -> (result, values)`` on every rank; agree on the outcome.
 
     Any problem on any rank -- a bad mesh, a ValueError from validation, or
-    an argument of the wrong type -- raises on every rank (one small
-    collective), so that no rank is left waiting in a later collective;
-    ``values`` must be equal on every rank, and so must the planner's
-    machine profile (:func:`mpiredist.planning.profile.current`).  ``every``, if given, is a
+    an argument of the wrong type -- raises on every rank (one agreement),
+    so that no rank is left waiting in a later collective; ``values`` must
+    be equal on every rank, and so must the planner's machine profile
+    (:func:`mpiredist.planning.profile.current`).  ``every``, if given, is a
     callable ``result -> dict of bool`` whose AND over ranks comes back; it
     gets ``None`` on a rank whose ``body`` failed and must return the same
-    keys then.
-    Returns ``(mesh, result)``, or ``(mesh, result, flags)`` with ``every``.
+    keys then.  Returns ``(mesh, result)``, or ``(mesh, result, flags)``
+    with ``every``.
     """
     try:
         mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
         comm = base_comm(mesh)
     except ValueError as exc:
-        agree_on(mpi().COMM_WORLD, what, exc)
+        agree(mpi().COMM_WORLD, what, exc)
         raise
     rank = comm.Get_rank()
     result, values, error = None, {}, None
@@ -124,5 +153,5 @@ def check_together(what, mesh, body, every=None):
     except (TypeError, AttributeError) as exc:
         error = ShapeError(f"rank {rank}: {what}: argument of the wrong type: {exc}")
     # every rank sends the same flags, also a rank whose body failed (result None)
-    flags = agree_flags(comm, what, error, values, every(result) if every is not None else {})
+    flags = agree(comm, what, error, values, every(result) if every is not None else {})
     return (mesh, result, flags) if every is not None else (mesh, result)

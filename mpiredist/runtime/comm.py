@@ -10,7 +10,8 @@ index over the group (first sub-axis major).
 from ..core.errors import MeshError
 from ..core.subaxes import rank_digits
 
-__all__ = ["MeshComm", "mpi", "mesh_comm", "check_size", "base_comm"]
+__all__ = ["MeshComm", "mpi", "mesh_comm", "library_comm", "transfer_cache", "check_size",
+           "base_comm", "free_all"]
 
 
 def mpi():
@@ -58,9 +59,6 @@ class MeshComm:
         self.rank = self.comm.Get_rank()
         self.digits = rank_digits(mesh, self.rank)
         self._subs = {}
-        # Transfers that mpiredist.redistribute keeps for this mesh (bounded
-        # there), most recently used last; freed with the communicators.
-        self.transfers = {}
 
     def sub(self, group):
         """The sub-communicator over the sub-axes ``group`` (collective, cached)."""
@@ -76,10 +74,7 @@ class MeshComm:
         return self._subs[group]
 
     def free(self):
-        """Free every communicator this object created (and the cached Transfers)."""
-        for t in self.transfers.values():
-            t.free()
-        self.transfers.clear()
+        """Free every communicator this object created."""
         for c in self._subs.values():
             c.Free()
         self._subs.clear()
@@ -103,17 +98,55 @@ _CACHED = []       # communicators that carry a cache, for free_all()
 
 def _on_free(comm, keyval, cache):
     """MPI attribute delete callback: the communicator is being freed."""
-    for mc in cache.values():
-        if mc.comm is not None:
+    for t in cache.pop(TRANSFERS, {}).values():
+        t.free()
+    for key, mc in cache.items():
+        if key == LIBRARY:
+            mc.Free()
+        elif mc.comm is not None:
             mc.free()
     cache.clear()
     return 0
+
+
+LIBRARY = "library"     # the cache key of library_comm's communicator
+TRANSFERS = "transfers"  # the cache key of transfer_cache's dict
 
 
 def _keyval():
     if not _KEYVAL:
         _KEYVAL.append(mpi().Comm.Create_keyval(delete_fn=_on_free))
     return _KEYVAL[0]
+
+
+def _cache(base):
+    cache = base.Get_attr(_keyval())
+    if cache is None:
+        cache = {}
+        base.Set_attr(_keyval(), cache)
+        _CACHED.append(base)
+    return cache
+
+
+def library_comm(base):
+    """mpiredist's own duplicate of ``base`` (collective on first use, then cached).
+
+    Point-to-point exchanges over every rank of a communicator (between
+    meshes, ``reshape``, slicing) run on it, so their messages never match
+    a user's receives on ``base``; it is freed with ``base``.
+    """
+    cache = _cache(base)
+    found = cache.get(LIBRARY)
+    if found is None:
+        found = cache[LIBRARY] = base.Dup()
+    return found
+
+
+def transfer_cache(base):
+    """The Transfers that :func:`mpiredist.redistribute` keeps for ``base`` (a dict,
+    bounded by its user, most recently used last; local, no communication);
+    freed with ``base``."""
+    return _cache(base).setdefault(TRANSFERS, {})
 
 
 def mesh_comm(mesh):
@@ -123,13 +156,7 @@ def mesh_comm(mesh):
     library state), so it is created once per communicator and mesh, and
     freed when the communicator is freed (or by :func:`free_all`).
     """
-    MPI = mpi()
-    base = mesh.comm if mesh.comm is not None else MPI.COMM_WORLD
-    cache = base.Get_attr(_keyval())
-    if cache is None:
-        cache = {}
-        base.Set_attr(_keyval(), cache)
-        _CACHED.append(base)
+    cache = _cache(base_comm(mesh))
     found = cache.get(mesh.axes)
     if found is None or found.comm is None:
         found = cache[mesh.axes] = MeshComm(mesh)

@@ -1,180 +1,338 @@
-"""Run an exchange between any two sets of blocks, segment by segment (point to point).
+"""The one exchange engine: pieces of one array moved into another, pipelined.
 
-The pieces and the segments are those of :mod:`mpiredist.planning.exchange`.
-Construction is collective over the communicator: one Allreduce agrees on
-the most peers and the largest piece, which fix the segment size and the
-number of segments.  A run posts every segment through the pipeline of
-:mod:`mpiredist.runtime.pipeline` (packed into a send ring, received into a
-receive ring and combined into the target block in the agreed order, as
-soon as each arrives); a segment that is one contiguous stretch of the
-source or target block is sent from or received into the block itself,
-without packing.  Ranks outside both meshes only take part in the
-construction.
+Every move of data between ranks that is not a single MPI collective goes
+through :func:`move`: the all-to-alls and strided all-gathers of a plan,
+its reductions by parts, its ``exchange`` steps, the one-buffer swaps and
+permutes, and :class:`Exchange` -- the compiled exchange between any two
+sets of boxes (between meshes, ``reshape``, slicing, ``concatenate``).
 
-Memory: the target block, plus at most ``W // 2`` for each ring.
+A move is two lists of pieces, :class:`Send` and :class:`Recv`, each with a
+*key* that both ends of a message compute alike (the callers': the piece
+model of :mod:`mpiredist.planning.pieces` for exchanges, the group geometry
+for collectives).  Each piece is cut into parts (:func:`parts
+<mpiredist.planning.pieces.parts>` of ``limit`` elements, the same at both
+ends; a *whole* piece only at the count limit), and parts are posted in
+the order ``(part index, key)`` through the pipeline of
+:mod:`mpiredist.runtime.p2p`, which matches every send with its receive
+under one tag and cannot deadlock.  At each end a part is sent from, or
+received into, its array directly when it is one contiguous run of it;
+otherwise it is packed into a ring (at most ``room`` elements for the two
+sides together), or, when it does not fit, described by a subarray
+datatype.  Receives that *combine* (partial sums) always go through the
+ring and are applied with the reducer in key order, so replicated results
+are bitwise equal; this rank's own piece takes its place in that order.
+
+MPICH moves derived datatypes several times slower than the same bytes in
+a contiguous buffer (8 ranks, 8 MiB blocks, c13: Alltoallw with subarray
+types 170 ms, packed moves 19 ms, a bare Alltoall 10 ms), hence the rings.
 """
 
-import numpy as np
+import math
+from collections import namedtuple
 
-from ..core.backend import array_module, synchronize
-from ..core.blocks import box_size, sub_index
-from ..planning.exchange import REDUCERS, plan_rounds, rounds, segment_boxes, segment_items
-from . import pipeline
-from .comm import mpi
-from .counts import count_limit
+from ..core.backend import array_module, c_contiguous, synchronize
+from ..core.blocks import box_shape, contiguous_box, flat_offset
+from ..planning.pieces import (DEPTH, MIN_PART, Holders, REDUCERS, part_limit, parts,
+                               recv_pieces, send_pieces)
+from . import p2p
 
-__all__ = ["Exchange"]
+__all__ = ["Send", "Recv", "move", "move_once", "part_limit", "ring_limit", "Exchange",
+           "MIN_PART", "DEPTH", "ONE_CALL_MAX"]
 
-TAG = 7
+# Blocks up to this size may go in one Alltoall(v) (move_once): where a
+# message costs more than moving its bytes.  Measured at 8 ranks on 2 cores,
+# 4 KiB blocks: rounds of Isend/Irecv 1.3 ms, one Alltoallv 0.8 ms.
+ONE_CALL_MAX = 256 << 10
+
+Send = namedtuple("Send", "key peer box whole")
+Send.__doc__ = """A piece to send: ``box`` ``(starts, shape)`` relative to the source
+region; ``whole``: cut only at the count limit (contiguous at both ends)."""
+
+Recv = namedtuple("Recv", "key peer box whole combine own")
+Recv.__doc__ = """A piece to receive: ``box`` relative to the target region;
+``combine``: reduce it into what is there; ``own``: for this rank's own
+piece, its box in the source region (no message)."""
+
+
+def move(ctx, comm, sends, recvs, source, target, limit, room, reducer=None, paired=False):
+    """Move ``sends`` (boxes of ``source``) to their peers and ``recvs`` into
+    ``target`` (both :class:`~mpiredist.runtime.memory.Region`) on ``comm``.
+
+    ``limit``: elements per part (agreed); ``room``: ring elements of both
+    sides together; ``reducer``: the ufunc of combining receives;
+    ``paired``: in place (``source`` and ``target`` share memory; receive i
+    overwrites only what sends 0..i read, see :func:`mpiredist.runtime.p2p.run`).
+    """
+    me = comm.Get_rank()
+    dtype = _dtype(source, target)
+    if dtype is None:                       # no block here: nothing to move
+        return
+    limit = ring_limit(limit, ctx.count_limit // dtype.itemsize) if paired else \
+        min(limit, ctx.count_limit // dtype.itemsize)
+    whole = max(1, ctx.count_limit // dtype.itemsize)
+    local = [r for r in recvs if r.own is not None]
+    if reducer is None and not paired:
+        for r in local:                     # nothing to combine: copied up front
+            target.view()[_index(r.box)] = source.view()[_index(r.own)]
+        recvs = [r for r in recvs if r.own is None]
+    send_seq = _Sequence([s for s in sends if s.peer != me], limit, whole)
+    recv_seq = _Sequence(recvs, limit, whole)
+    send_room, recv_room = _rooms(room, source, target, send_seq, recv_seq, paired)
+    send_buffer, recv_buffer = _buffers(ctx, dtype, send_room, recv_room)
+    if source.base is not None:
+        synchronize(source.base)
+
+    def received(piece, box):
+        view = target.view()[_index(box)]
+        combine = (lambda t, d: reducer(t, d, out=t)) if piece.combine else None
+        if piece.own is not None:
+            shift = tuple(a - b for a, b in zip(box[0], piece.box[0]))
+            own = (tuple(a + b for a, b in zip(piece.own[0], shift)), box[1])
+            return p2p.Part(me, view=view, value=source.view()[_index(own)], combine=combine)
+        if combine is not None or paired:       # applied from the ring, in order
+            return p2p.Part(piece.peer, view=view, combine=combine)
+        return _part(ctx, piece.peer, target, box, recv_room)
+
+    p2p.run(ctx.MPI, comm, (_part(ctx, s.peer, source, box, send_room) for s, box in send_seq),
+            (received(r, box) for r, box in recv_seq), send_buffer, recv_buffer,
+            paired=paired)
+
+
+def move_once(ctx, comm, sends, recvs, source, target, even):
+    """Every piece but this rank's own in one ``Alltoall`` (``even``: all pieces
+    one size) or ``Alltoallv``, both sides packed: for small blocks, where
+    MPI's own algorithm combines messages (MPICH's small-message Alltoall
+    takes log2 G rounds; at 8 ranks, 4 KiB blocks, c01 1.18 ms in rounds of
+    Isend/Irecv, 0.74 ms so).  Needs both packed sides in the scratch room."""
+    n, me = comm.Get_size(), comm.Get_rank()
+    dtype = _dtype(source, target)
+    size = dtype.itemsize
+    for r in recvs:
+        if r.own is not None:
+            target.view()[_index(r.box)] = source.view()[_index(r.own)]
+    out = {s.peer: s for s in sends if s.peer != me}
+    into = {r.peer: r for r in recvs if r.own is None}
+    if even:
+        count = max([math.prod(x.box[1]) for x in [*out.values(), *into.values()]] + [0])
+        send_counts, recv_counts = [count] * n, [count] * n
+    else:
+        send_counts = [math.prod(out[p].box[1]) if p in out else 0 for p in range(n)]
+        recv_counts = [math.prod(into[p].box[1]) if p in into else 0 for p in range(n)]
+    send_at, recv_at = _offsets(send_counts), _offsets(recv_counts)
+    packed = ctx.scratch(sum(send_counts) + sum(recv_counts), dtype)
+    back = packed[sum(send_counts):]
+    src = source.view()
+    for p, s in out.items():
+        k = math.prod(s.box[1])
+        packed[send_at[p]:send_at[p] + k].reshape(s.box[1])[...] = src[_index(s.box)]
+    synchronize(packed)
+    B = ctx.MPI.BYTE
+    if even:
+        unit = count * size
+        comm.Alltoall([packed, unit, B], [back, unit, B])
+    else:
+        comm.Alltoallv([packed, [c * size for c in send_counts], [a * size for a in send_at], B],
+                       [back, [c * size for c in recv_counts], [a * size for a in recv_at], B])
+    dst = target.view()
+    for p, r in into.items():
+        k = math.prod(r.box[1])
+        dst[_index(r.box)] = back[recv_at[p]:recv_at[p] + k].reshape(r.box[1])
+
+
+class _Sequence:
+    """``(piece, part box)`` of every part, made on iteration, in ``(part, key)`` order.
+
+    Both ends of a message cut its piece alike and give each part the same
+    place relative to the other messages between them: the pipeline's
+    condition for progress.
+    """
+
+    def __init__(self, pieces, limit, whole):
+        self.cut = [(x, parts(x.box[1], whole if x.whole else limit))
+                    for x in sorted(pieces, key=lambda x: x.key) if math.prod(x.box[1])]
+
+    def __iter__(self):
+        for r in range(max((len(ps) for _, ps in self.cut), default=0)):
+            for piece, ps in self.cut:
+                if r < len(ps):
+                    yield piece, _shift(piece.box, ps[r])
+
+
+def _rooms(room, source, target, sends, recvs, paired=False):
+    """Ring sizes in elements: ``room`` shared by the sides that pack here, each
+    no larger than what its side packs."""
+    need = [sum(math.prod(box[1]) for x, box in seq if _packs(region, x, box, paired))
+            for seq, region in ((sends, source), (recvs, target))]
+    packing = [bool(n) for n in need]
+    if not any(packing):
+        return 0, 0
+    share = room // sum(packing)
+    return tuple(min(share, n) for n in need)
+
+
+def _packs(region, piece, box, paired=False):
+    """True if the part ``box`` of ``piece`` goes through this side's ring."""
+    if isinstance(piece, Recv):
+        if piece.own is not None:
+            return False
+        if piece.combine or paired:
+            return True
+    return not _is_run(region, box)
+
+
+def _dtype(source, target):
+    """The element type of the move (of whichever region this rank has)."""
+    for region in (source, target):
+        if region.base is not None:
+            return region.base.dtype
+    return None
+
+
+def ring_limit(limit, count_limit):
+    """Elements per part of an in-place move: never unbounded (its receives
+    must go through the ring), at most the count limit."""
+    return max(1, min(count_limit, limit if limit != math.inf else count_limit))
+
+
+def _buffers(ctx, dtype, send_room, recv_room):
+    if not send_room + recv_room:
+        return None, None
+    both = ctx.scratch(send_room + recv_room, dtype)
+    return (both[:send_room] if send_room else None,
+            both[send_room:] if recv_room else None)
+
+
+def _part(ctx, peer, region, box, room):
+    """A :class:`p2p.Part` for ``box`` of ``region``: straight bytes, a view to
+    pack through the ring, or a datatype when it does not fit."""
+    if _is_run(region, box):
+        rel, shape = box
+        size = region.base.dtype.itemsize
+        starts = [a + b for a, b in zip(region.starts, rel)]
+        offset = flat_offset(region.base.shape, starts) * size
+        return p2p.Part(peer, spec=[region.base, (math.prod(shape) * size, offset),
+                                    ctx.MPI.BYTE])
+    if math.prod(box[1]) <= room:
+        return p2p.Part(peer, view=region.view()[_index(box)])
+    return p2p.Part(peer, spec=[region.base, *ctx.subarray(region, box)])
+
+
+def _is_run(region, box):
+    """True if ``box`` of ``region`` is one run of memory (its base is a view
+    of a larger array where the caller passed one: then never)."""
+    rel, shape = box
+    starts = [a + b for a, b in zip(region.starts, rel)]
+    return bool(math.prod(shape)) and c_contiguous(region.base) and \
+        contiguous_box(region.base.shape, starts, shape)
+
+
+def _offsets(counts):
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += c
+    return out
+
+
+def _index(box):
+    """The index of a box (a view, also of a 0-d array)."""
+    return tuple(slice(s, s + k) for s, k in zip(*box)) + (Ellipsis,)
+
+
+def _shift(piece, part):
+    """The part's box relative to the piece's array."""
+    return tuple(a + b for a, b in zip(piece[0], part[0])), part[1]
 
 
 class Exchange:
-    """One exchange, agreed and ready to run many times (collective construction).
+    """One exchange between any two sets of boxes, ready to run many times (local set-up).
 
     Parameters
     ----------
-    comm : mpi4py.MPI.Comm
-        Every rank of it constructs the Exchange and calls :meth:`run`.
-    dtype : numpy dtype
-    src_box, dst_box : tuple or None
-        This rank's source and target boxes (global ``(start, stop)`` per dim).
-    sends, recvs : list of Piece
-        This rank's pieces (:func:`~mpiredist.planning.exchange.send_pieces`,
-        :func:`~mpiredist.planning.exchange.recv_pieces`).
+    ctx : Context
+        The owner's MPI context (communicator, element datatype, scratch).
+    sources, targets : list
+        Per communicator rank a :class:`~mpiredist.planning.pieces.Source`
+        or :class:`~mpiredist.planning.pieces.Target`, or None; the same on
+        every rank (they come from agreed shapes and layouts).
     workspace : int
-        W: each of the send and receive buffers holds at most ``W // 2``.
+        W: the rings take at most W (half a side).
     op : str
         How partial classes combine.
-    direct : bool
-        Whether ``local`` and ``out`` will be whole C-contiguous blocks of
-        their boxes, so that *direct* pieces (one contiguous stretch at both
-        ends) go whole, without a buffer.  Every rank must pass the same;
-        False treats every piece as packed (views of larger arrays).
+    views : bool
+        Every rank's ``local`` and ``out`` may be views of larger arrays:
+        no piece goes whole (every rank must pass the same).
+
+    Memory: the caller's target block, plus at most W of rings.  Nothing here
+    communicates but :meth:`run`.
     """
 
-    def __init__(self, comm, dtype, src_box, dst_box, sends, recvs, workspace, op="sum",
-                 direct=True):
-        MPI = mpi()
-        self.MPI, self.comm = MPI, comm.Dup()
-        self.rank = comm.Get_rank()
-        self.dtype = np.dtype(dtype)
-        self.src_box, self.dst_box = src_box, dst_box
-        self.sends, self.recvs = list(sends), list(recvs)
-        if not direct:
-            self.sends = [x._replace(direct=False) for x in self.sends]
-            self.recvs = [x._replace(direct=False) for x in self.recvs]
-        self.reduce = REDUCERS[op]
-        limit = count_limit(MPI)
-        mine = np.array(plan_rounds(self.sends, self.recvs, self.rank, workspace // 2,
-                                    self.dtype.itemsize, limit), np.int64)
-        most = np.empty_like(mine)
-        self.comm.Allreduce(mine, most, op=MPI.MAX)
-        self.peers, largest, direct_rounds = (int(v) for v in most)
-        self.segment = segment_items(max(1, workspace // 2), self.dtype.itemsize, self.peers,
-                                     limit)
-        self.whole = max(1, limit // self.dtype.itemsize)     # a direct piece's segment
-        self.room = max(1, workspace // 2) // self.dtype.itemsize   # elements per ring
-        self.rounds = max(rounds(largest, self.segment), direct_rounds)
-        own = [rounds(box_size(x.box), self._seg(x)) for x in self.recvs
-               if x.peer == self.rank]
-        self.local_rounds = max(own + [self.rounds])
-
-    def _seg(self, piece):
-        """Items per segment of ``piece``: whole (within the count limit) if direct."""
-        return self.whole if piece.direct else self.segment
+    def __init__(self, ctx, sources, targets, workspace, op="sum", views=False, rank=None):
+        self.ctx, self.comm = ctx, ctx.comm
+        me = ctx.comm.Get_rank() if rank is None else rank
+        n = len(targets)
+        holders = Holders(sources)
+        mine, self.target = sources[me] if me < len(sources) else None, targets[me]
+        self.src_box = None if mine is None else mine.box
+        self.dst_box = None if self.target is None else self.target.box
+        self.workspace = workspace
+        self.reducer = REDUCERS[op]
+        self.sends = [Send((x.cls, (x.peer - me) % n, x.box), x.peer,
+                           _relative(x.box, self.src_box), x.direct and not views)
+                      for x in send_pieces(me, sources, targets, holders)]
+        recvs = recv_pieces(me, sources, targets, holders)
+        self.combines = any(not x.first for x in recvs)
+        self.recvs = [Recv((x.cls, (me - x.peer) % n, x.box), x.peer,
+                           _relative(x.box, self.dst_box), x.direct and not views, not x.first,
+                           _relative(x.box, self.src_box) if x.peer == me else None)
+                      for x in recvs]
+        limit = part_limit(ctx.itemsize, workspace, (True, True))
+        if limit == math.inf:                   # a tiny W: parts of a ring each
+            limit = max(1, workspace // 2 // ctx.itemsize)
+        self.limit = limit
+        # elements of both rings: W, and a part each where combining needs the ring
+        self.room = max(workspace // ctx.itemsize, 2 * limit if self.combines else 0)
+        self.bytes_sent = sum(math.prod(s.box[1]) for s in self.sends if s.peer != me) \
+            * ctx.itemsize
 
     @property
-    def bytes_sent(self):
-        """Bytes this rank sends to other ranks per run."""
-        return sum(box_size(x.box) for x in self.sends if x.peer != self.rank) \
-            * self.dtype.itemsize
+    def source_shape(self):
+        return None if self.src_box is None else box_shape(self.src_box)
 
-    def free(self):
-        if self.comm is not None:
-            self.comm.Free()
-            self.comm = None
+    @property
+    def target_shape(self):
+        return None if self.dst_box is None else box_shape(self.dst_box)
 
     def run(self, local, out):
-        """Fill ``out`` (this rank's target block, or None) from ``local`` (or None).
+        """Fill ``out`` (this rank's target block, or None) from ``local`` (or None);
+        collective over the communicator."""
+        from .memory import Region
+        ctx = self.ctx
+        xp = array_module(out if out is not None else local) if (
+            out is not None or local is not None) else None
+        source = Region(local) if local is not None else _EMPTY
+        target = Region(out) if out is not None else _EMPTY
+        ctx.xp = xp or ctx.xp
+        move(ctx, self.comm, self.sends, self.recvs, source, target, self.limit, self.room,
+             self.reducer if self.combines else None)
 
-        Segments go through :func:`mpiredist.runtime.pipeline.run`: sends in
-        the order (segment, target, box, class) and receives in the order
-        (segment, box, class), which both ends of every message share, so
-        the pipeline progresses; receives (and this rank's own pieces, at
-        their place) are combined in that order, classes of a box in class
-        order, so replicated results are bitwise equal.
-        """
-        arrays = [a for a in (out, local) if a is not None]
-        xp = array_module(arrays[0]) if arrays else np
-        if local is not None:
-            synchronize(local)
-        sends = sorted((x for x in self.sends if x.peer != self.rank),
-                       key=lambda x: (x.peer, x.box, x.cls))
-        packed_in = [x for i, x in enumerate(self.recvs) if x.peer != self.rank and (
-            i and not self._first(i) or self._packs(out, self.dst_box, x))]
-        packed_out = [x for x in sends if self._packs(local, self.src_box, x)]
-        rooms = [min(self.room, sum(min(box_size(x.box), self.segment) for x in pieces))
-                 for pieces in (packed_out, packed_in)]
-        buffers = [xp.empty(n, self.dtype) if n else None for n in rooms]
-        pipeline.run(self.MPI, self.comm, self._send_parts(sends, local),
-                     self._recv_parts(local, out), *buffers, tag=TAG)
 
-    def _send_parts(self, sends, local):
-        for r in range(self.rounds):
-            for x in sends:
-                subs = segment_boxes(x.box, r, self._seg(x))
-                if not subs:
-                    continue
-                view = self._direct(local, self.src_box, x, r)
-                if view is not None:
-                    yield pipeline.Part(x.peer, spec=self._bytes(view))
-                else:
-                    yield pipeline.Part(x.peer, view=tuple(
-                        local[sub_index(self.src_box, b)] for b in subs))
+class _Nothing:
+    """The region of a rank without a block (no piece refers to it)."""
 
-    def _recv_parts(self, local, out):
-        for r in range(self.local_rounds):
-            for i, x in enumerate(self.recvs):
-                subs = segment_boxes(x.box, r, self._seg(x))
-                if not subs:
-                    continue
-                first = not i or self._first(i)
-                combine = None if first else self._combine
-                if x.peer == self.rank:
-                    yield pipeline.Part(None, combine=combine,
-                                        view=tuple(out[sub_index(self.dst_box, b)] for b in subs),
-                                        value=tuple(local[sub_index(self.src_box, b)]
-                                                    for b in subs))
-                    continue
-                target = self._direct(out, self.dst_box, x, r) if first else None
-                if target is not None:
-                    yield pipeline.Part(x.peer, spec=self._bytes(target))
-                else:
-                    yield pipeline.Part(x.peer, combine=combine, view=tuple(
-                        out[sub_index(self.dst_box, b)] for b in subs))
+    base = None
+    starts = ()
 
-    def _combine(self, target, value):
-        self.reduce(target, value, out=target)
+    def view(self):
+        raise AssertionError("internal error: a piece of a rank without a block")
 
-    def _packs(self, block, box, piece):
-        """True if ``piece`` goes through a ring at this end: not one stretch of ``block``."""
-        return not block[sub_index(box, piece.box)].flags.c_contiguous
 
-    def _first(self, i):
-        """True if piece ``i`` is the first of its part (nothing to combine it with)."""
-        return self.recvs[i - 1].box != self.recvs[i].box
+_EMPTY = _Nothing()
 
-    def _direct(self, block, box, piece, r):
-        """The block's memory of segment ``r`` of ``piece`` if the piece is one
-        contiguous stretch of the block, else None (pack it)."""
-        view = block[sub_index(box, piece.box)]
-        if not view.flags.c_contiguous:
-            if piece.direct:
-                raise AssertionError("a direct piece of a non-contiguous block: the "
-                                     "Exchange needs direct=False for views")
-            return None
-        s = self._seg(piece)
-        return view.reshape(-1)[r * s:(r + 1) * s]
 
-    def _bytes(self, flat):
-        return [flat.view("u1"), self.MPI.BYTE]
+def _relative(box, block):
+    """``(starts, shape)`` of global ``box`` inside ``block``."""
+    if block is None:
+        return None
+    return (tuple(lo - b for (lo, _), (b, _) in zip(box, block)),
+            tuple(hi - lo for lo, hi in box))

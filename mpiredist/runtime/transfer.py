@@ -1,15 +1,21 @@
 """Transfer: one redistribution, planned and agreed once, run many times.
 
 Modelled on mpi4py-fft's ``Transfer``: the constructor is collective (every
-rank of the mesh calls it with the same arguments); it validates them on
-every rank and agrees on them in one small collective, plans, chooses the
-executor from the plan and the agreed arguments alone
+rank of the communicator calls it with the same arguments); it validates
+them on every rank and agrees on them in one small collective, plans,
+chooses how to run from the plan and the agreed arguments alone
 (:func:`mpiredist.planning.budget.choose`), and creates the
-sub-communicators the steps run on.  Each run then checks this rank's block,
-agrees with the other ranks in one small Allreduce on what the blocks allow
-(:mod:`mpiredist.runtime.donation`), and runs the executor; the routing of
-each step is computed on the first run and kept
-(:class:`~mpiredist.runtime.context.Context`).
+sub-communicators the steps run on.  Each run then checks this rank's
+arrays, agrees with the other ranks in one small Allreduce on what the
+arrays allow (:mod:`mpiredist.runtime.inputs`), and runs.
+
+``mr.Transfer(...)`` is one protocol -- :meth:`~Transfer.run`,
+:meth:`~Transfer.explain`, :meth:`~Transfer.free`, a context manager, and
+``source_shape``, ``target_shape``, ``plan``, ``executor``, ``mesh``,
+``target_mesh`` -- with two classes behind it, as ``pathlib.Path`` gives a
+``PosixPath``: :class:`MeshTransfer` runs a collective plan on one mesh (a
+refined one between meshes whose axes nest), :class:`CrossTransfer` the
+exchange between meshes whose rank orders do not.
 
 Every decision that shapes the sequence of MPI calls is a function of the
 plan and of agreed values, never of one rank's own array.
@@ -26,31 +32,56 @@ Run with 8 ranks (``mpirun -n 8``)::
             t.run(block, out=out)          # no allocation beyond W
 """
 
+import enum
 import warnings
 
 import numpy as np
 
-from ..core.backend import array_module
+from ..core.backend import array_module, c_contiguous
 from ..core.blocks import box_shape, rank_block
-from ..core.errors import BudgetWarning, DonationWarning, PlanError, ShapeError
+from ..core.errors import BudgetWarning, DonationWarning, MeshError, PlanError, ShapeError
+from ..core.mesh import Mesh
 from ..core.subaxes import expand, rank_digits
 from ..planning import planner
-from ..planning.budget import (Choice, assess, buffer_bytes, choose, default_workspace,
-                                fresh_buffer_fits, in_place_plan, reduction_room)
+from ..planning.budget import (assess, buffer_bytes, choose, default_workspace,
+                               fresh_buffer_fits, reduction_room)
+from ..planning.crossmesh import cross_plan, relabel, route
+from ..planning.pieces import exchange_workspace, layout_sources, layout_targets, parts
 from ..planning.plans import _bytes as format_bytes
-from .agree import agree_flags, check_together
-from .comm import base_comm, check_size, mesh_comm
+from . import steps
+from .agree import agree, check_together
+from .comm import base_comm, check_size, library_comm, mesh_comm, mpi
 from .context import Context
-from .cross import CrossExchange, agree_cross, crossing
-from .donation import Donation, array_kind, check_block, check_out, judge_donation, references
-from .executor import execute
-from .packing import group_sides, part_limit, parts
+from .exchange import Exchange, part_limit
+from .inputs import (NOT_DONATED, array_kind, check_block, check_out, check_workspace,
+                     judge_donation, references)
+from .memory import Fresh, OneBuffer
 
-__all__ = ["Transfer", "judge", "donated_choice", "check_workspace"]
+__all__ = ["Transfer", "MeshTransfer", "CrossTransfer", "Variant", "crossing"]
 
-NOT_DONATED = Donation(False, False, "")
-_VARIANTS = {"kept": "the source is kept", "given": "the donated block is the buffer",
-             "gpu": "CuPy arrays (out of place)"}
+
+class Variant(enum.Enum):
+    """How a run of a :class:`MeshTransfer` executes, agreed by every rank per run."""
+
+    KEPT = "the source is kept"
+    GIVEN = "the donated block is the buffer"
+    DEVICE = "device arrays (out of place)"
+
+
+def crossing(mesh, dst_mesh):
+    """True if a call with these meshes takes the between-meshes path.
+
+    Never raises: a malformed argument takes that path, whose agreement
+    then raises on every rank.
+    """
+    try:
+        mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
+        if dst_mesh is None:
+            return mesh.ranks is not None
+        dst_mesh = dst_mesh if isinstance(dst_mesh, Mesh) else Mesh(dst_mesh)
+        return dst_mesh != mesh or mesh.ranks is not None
+    except (ValueError, TypeError):
+        return True
 
 
 class Transfer:
@@ -90,18 +121,19 @@ class Transfer:
         and calls :meth:`run`; a rank outside the source mesh passes
         ``None``, a rank outside the target mesh gets ``None``.  When both
         meshes are every rank in order and their axes nest (``x=8`` and
-        ``a=2,b=4``), the run is the collective normal form on one refined
-        mesh, donation included.  Otherwise it is a point-to-point exchange
-        in rounds (:mod:`mpiredist.runtime.exchange`): every rank allocates
-        its target block plus at most W; a donation is not honoured there
-        (a :class:`~mpiredist.DonationWarning` says so) and ``records``
-        stay empty.
+        ``a=2,b=4``), the result is a :class:`MeshTransfer` of the
+        collective normal form on one refined mesh, donation included.
+        Otherwise a :class:`CrossTransfer`: one exchange of point-to-point
+        messages; every rank allocates its target block plus at most W, a
+        donation is not honoured (a :class:`~mpiredist.DonationWarning` says
+        so) and ``records`` stay empty.
 
     Raises
     ------
-    LayoutError, MeshError, ShapeError, PlanError, MismatchError, RemoteError
+    LayoutError, MeshError, ShapeError, PlanError, MismatchError
         On every rank, before anything runs, if any rank's arguments are bad
-        or the ranks disagree.
+        or the ranks disagree (the ranks not at fault raise the matching
+        :class:`~mpiredist.RemoteError` subclass, with the same message).
 
     Notes
     -----
@@ -112,117 +144,50 @@ class Transfer:
     nothing beyond W; :meth:`free` releases them.
     """
 
-    def __init__(self, global_shape, dtype, mesh, src, dst, donate=False,
-                 workspace_bytes=None, strategy="collectives", checked=True, dst_mesh=None):
-        self._cross = None
+    def __new__(cls, global_shape, dtype, mesh, src, dst, donate=False, workspace_bytes=None,
+                strategy="collectives", checked=True, dst_mesh=None):
+        if cls is not Transfer:
+            raise TypeError(f"make a {cls.__name__} with mpiredist.Transfer(...)")
         if crossing(mesh, dst_mesh):
-            self._init_cross(global_shape, dtype, mesh, src, dst, dst_mesh, donate,
-                             workspace_bytes, strategy, checked)
-            return
+            return _between(global_shape, dtype, mesh, src, dst, dst_mesh, donate,
+                            workspace_bytes, strategy, checked)
+        return MeshTransfer._compile(global_shape, dtype, mesh, src, dst, donate,
+                                     workspace_bytes, strategy, checked)
 
-        def body(mesh, rank):
-            plan = planner.plan(global_shape, dtype, mesh, src, dst, strategy)
-            workspace = check_workspace(workspace_bytes, rank)
-            check_size(mesh, base_comm(mesh))
-            if donate and not checked:
-                raise PlanError("Transfer(donate=True, checked=False): whether a block can "
-                                "be donated is agreed by every rank on each run; donation "
-                                "needs checked runs")
-            values = dict(mesh=mesh, shape=plan.global_shape, dtype=plan.dtype, src=plan.src,
-                          dst=plan.dst, strategy=strategy, donate=bool(donate),
-                          workspace=workspace, checked=bool(checked))
-            return (plan, workspace), values
-
-        mesh, (plan, workspace) = check_together("Transfer", mesh, body)
-        self._setup(mesh, plan, bool(donate), workspace)
-        self._checked = bool(checked)
-
-    def _init_cross(self, global_shape, dtype, mesh, src, dst, dst_mesh, donate, workspace,
-                    strategy, checked):
-        """Between meshes: the refined mesh's plan, or an exchange (collective)."""
-        def extra(rank):
-            if donate and not checked:
-                raise PlanError("Transfer(donate=True, checked=False): donation needs "
-                                "checked runs")
-        mesh, target, shape, dt, s, d, route, w = agree_cross(
-            global_shape, dtype, mesh, src, dst, dst_mesh, workspace, strategy, extra)
-        kind, refined, plan = route
-        if kind == "refined":
-            self._setup(refined, plan, bool(donate), w)
-            self._target_mesh = target
-        else:
-            self._cross = CrossExchange(mesh, target, shape, dt, s, d, w)
-            self._mesh, self._donate, self._workspace = mesh, False, self._cross.workspace
-            self.source_shape = self._cross.source_shape
-            self.target_shape = self._cross.target_shape
-            if donate:
-                warnings.warn(DonationWarning(
-                    f"Transfer between meshes {mesh} and {target}: the exchange reads the "
-                    "source block in place, so a donation is not honoured on this route"),
-                    stacklevel=3)
-        self._checked = bool(checked)
+    def __init__(self, *args, **kwargs):
+        """Set up by ``__new__`` (collective); nothing more to do."""
 
     @classmethod
-    def agreed(cls, mesh, plan, donate, workspace_bytes, one_buffer=False):
-        """A Transfer of ``plan`` whose arguments the ranks have already agreed on.
+    def from_plan(cls, plan, mesh, donate=False, workspace_bytes=None, checked=True):
+        """A :class:`MeshTransfer` that runs ``plan`` (any plan of ``mpiredist.plan``
+        or :func:`mpiredist.planning.planner.assemble`) on ``mesh`` (collective:
+        the ranks agree on the plan)."""
+        def body(mesh, rank):
+            check_size(mesh, base_comm(mesh))
+            if (mesh.axes != plan.mesh.axes):
+                raise MeshError(f"plan on mesh {plan.mesh} given mesh {mesh}")
+            w = check_workspace(workspace_bytes)
+            _check_options(donate, checked)
+            return w, dict(plan=repr(plan.steps), mesh=repr(mesh), shape=plan.global_shape,
+                           dtype=plan.dtype, donate=bool(donate), workspace=w)
 
-        For callers that agreed in their own collective (``redistribute``,
-        the benchmark); still collective (it may create sub-communicators).
-        ``one_buffer`` runs a kept source in one buffer even where out of
-        place would fit (the benchmark's ``inplace`` strategy).
-        """
-        self = cls.__new__(cls)
-        self._cross = None
-        self._setup(mesh, plan, bool(donate), workspace_bytes, one_buffer)
-        return self
+        mesh, w = check_together("Transfer.from_plan", mesh, body)
+        return MeshTransfer._make(mesh, plan, bool(donate), w, bool(checked))
 
-    def _setup(self, mesh, plan, donate, workspace, one_buffer=False):
-        self._mesh, self._plan, self._donate = mesh, plan, donate
-        self._checked = True
-        self._workspace = default_workspace(plan) if workspace is None else workspace
-        self._mc = mesh_comm(mesh)
-        rank = self._mc.rank
-        digits = rank_digits(mesh, rank)
-        shape = plan.global_shape
-        self.source_shape = box_shape(rank_block(shape, expand(plan.src, mesh), digits))
-        self.target_shape = box_shape(rank_block(shape, expand(plan.dst, mesh), digits))
-        kept = choose(plan, False, self._workspace, False, _replanner(plan))
-        if one_buffer and not kept.inplace:
-            kept = Choice(*in_place_plan(plan, assess(plan, False, self._workspace), False,
-                                         self._workspace, _replanner(plan)))
-        self._choices = {"kept": kept}
-        if donate:
-            self._choices["given"] = donated_choice(plan, self._workspace)
-        self._contexts, self._buffers, self._warned = {}, {}, set()
-        plans = [plan] + [c.plan for c in self._choices.values()]
-        for p in plans:                                 # collective: create them now
-            for step in p.steps:
-                if step.axes and step.op not in ("slice", "permute", "exchange"):
-                    self._mc.sub(step.axes)
+    # ------------------------------------------------------- the protocol
 
-    # ------------------------------------------------------------ public
-
-    @property
-    def plan(self):
-        """The plan a run executes when the source is kept (see :meth:`explain`).
-
-        Between meshes whose ranks do not nest: the
-        :class:`~mpiredist.planning.crossmesh.CrossPlan` of the exchange.
-        """
-        if self._cross is not None:
-            return self._cross.plan()
-        return self._choices["kept"].plan
+    source_shape = None     # this rank's source block shape (None off the source mesh)
+    target_shape = None     # this rank's target block shape (None off the target mesh)
 
     @property
     def mesh(self):
+        """The source layout's mesh (a refined one between nesting meshes)."""
         return self._mesh
 
     @property
     def target_mesh(self):
         """The target layout's mesh (``dst_mesh`` with its ranks, chosen for ``"auto"``)."""
-        if self._cross is not None:
-            return self._cross.dst_mesh
-        return getattr(self, "_target_mesh", None) or self._mesh
+        return self._target_mesh
 
     @property
     def donate(self):
@@ -233,13 +198,10 @@ class Transfer:
         return self._workspace
 
     @property
-    def executor(self):
-        """``"out of place"``, ``"in place"`` or ``"exchange"`` (between meshes)."""
-        if self._cross is not None:
-            return "exchange"
-        return self._choices["given" if self._donate else "kept"].executor
+    def checked(self):
+        return self._checked
 
-    def run(self, local, out=None, records=None):
+    def run(self, local, out=None, records=None, *, forwarded=0):
         """Redistribute this rank's block ``local``; return its target block (collective).
 
         ``out``, if given, is a C-contiguous array of :attr:`target_shape`
@@ -248,37 +210,30 @@ class Transfer:
         a ``ValueError`` subclass on every rank if any rank's are bad, and
         settles whether the donation is honoured, before any data moves.
         ``records``, if a list, receives one
-        :class:`~mpiredist.runtime.context.StepRecord` per step.
+        :class:`~mpiredist.runtime.steps.StepRecord` per step.
+        ``forwarded``: references to ``local`` that the caller holds on the
+        user's behalf (a wrapper that passes on a block it was given: one),
+        so that they do not count against a donation.
         """
-        if self._cross is not None:
-            return self._cross.run(local, out, self._checked)
-        extra = references(local)          # beyond the caller's own name
-        return self._run(local, out, extra, records)
+        if not self._checked:
+            return self._run_unchecked(local, out, records)
+        extra = references(local) - forwarded       # beyond the caller's own name
+        error, kind, verdict = None, "numpy", NOT_DONATED
+        try:
+            kind, verdict = self._inputs(local, out, extra)
+        except ValueError as exc:
+            error = exc
+        flags = agree(self._base, "Transfer.run", error, dict(self._identity, kind=kind),
+                      {"donate": verdict.usable})
+        return self._execute(local, out, kind, flags["donate"], verdict, records)
 
     def explain(self):
-        """What a run executes: executor, steps, rounds, bytes, predicted peak, W."""
-        if self._cross is not None:
-            return self._cross.explain()
-        lines = [f"Transfer {self._plan.src} -> {self._plan.dst} on mesh {self._mesh}: "
-                 f"{list(self._plan.global_shape)} {self._plan.dtype}, "
-                 f"donate={self._donate}, checked={self._checked}, "
-                 f"W = {format_bytes(self._workspace)}"]
-        for name, choice in self._choices.items():
-            lines += self._explain_choice(name, choice)
-        return "\n".join(lines)
+        """What a run executes: executor, steps, parts, bytes, predicted peak, W."""
+        raise NotImplementedError
 
     def free(self):
-        """Release this Transfer's datatypes and kept buffers (local, no communication).
-
-        Sub-communicators belong to the mesh's communicator and are freed with it.
-        """
-        if self._cross is not None:
-            self._cross.free()
-            return
-        for ctx in self._contexts.values():
-            ctx.free()
-        self._contexts.clear()
-        self._buffers.clear()
+        """Release this Transfer's datatypes and kept buffers (local, no communication)."""
+        raise NotImplementedError
 
     def __enter__(self):
         return self
@@ -286,33 +241,101 @@ class Transfer:
     def __exit__(self, *exc):
         self.free()
 
+
+def _identity(**values):
+    """What a Transfer's runs agree on (as its construction did), as text: a rank
+    with another Transfer, or still constructing one, disagrees by name."""
+    return {k: str(v) for k, v in values.items()}
+
+
+def _check_options(donate, checked):
+    if donate and not checked:
+        raise PlanError("Transfer(donate=True, checked=False): whether a block can be "
+                        "donated is agreed by every rank on each run; donation needs "
+                        "checked runs")
+
+
+class MeshTransfer(Transfer):
+    """A collective plan on one mesh, compiled (see :class:`Transfer`)."""
+
+    @classmethod
+    def _compile(cls, global_shape, dtype, mesh, src, dst, donate, workspace, strategy,
+                 checked):
+        def body(mesh, rank):
+            plan = planner.plan(global_shape, dtype, mesh, src, dst, strategy)
+            w = check_workspace(workspace)
+            check_size(mesh, base_comm(mesh))
+            _check_options(donate, checked)
+            values = dict(mesh=mesh, shape=plan.global_shape, dtype=plan.dtype, src=plan.src,
+                          dst=plan.dst, strategy=strategy, donate=bool(donate),
+                          workspace=w, checked=bool(checked))
+            return (plan, w), values
+
+        mesh, (plan, w) = check_together("Transfer", mesh, body)
+        return cls._make(mesh, plan, bool(donate), w, bool(checked))
+
+    @classmethod
+    def _make(cls, mesh, plan, donate, workspace, checked, target_mesh=None):
+        """Set up a Transfer of agreed arguments (collective: sub-communicators)."""
+        self = object.__new__(cls)
+        self._mesh, self._target_mesh = mesh, target_mesh or mesh
+        self._plan, self._donate, self._checked = plan, donate, checked
+        self._workspace = default_workspace(plan) if workspace is None else workspace
+        self._mc = mesh_comm(mesh)
+        self._comm, self._base = self._mc.comm, base_comm(mesh)
+        digits = rank_digits(mesh, self._mc.rank)
+        shape = plan.global_shape
+        self.source_shape = box_shape(rank_block(shape, expand(plan.src, mesh), digits))
+        self.target_shape = box_shape(rank_block(shape, expand(plan.dst, mesh), digits))
+        self._choices = {Variant.KEPT: choose(plan, False, self._workspace, False,
+                                              _replanner(plan))}
+        if donate:
+            self._choices[Variant.GIVEN] = choose(plan, True, self._workspace, False,
+                                                  _replanner(plan))
+        self._contexts, self._kept = {}, {}
+        self._identity = _identity(mesh=mesh, shape=plan.global_shape, dtype=plan.dtype,
+                                   src=plan.src, dst=plan.dst, strategy=plan.strategy,
+                                   donate=donate, workspace=workspace, checked=checked)
+        for choice in [plan] + [c.plan for c in self._choices.values()]:
+            for step in choice.steps:                   # collective: create them now
+                if step.axes and step.op not in ("slice", "permute", "exchange"):
+                    self._mc.sub(step.axes)
+        return self
+
+    @property
+    def plan(self):
+        """The plan a run executes (with ``donate``: when the donation is honoured)."""
+        return self._choice().plan
+
+    @property
+    def executor(self):
+        """``"out of place"`` or ``"in place"`` (with ``donate``: when honoured)."""
+        return self._choice().executor
+
+    def _choice(self):
+        return self._choices[Variant.GIVEN if self._donate else Variant.KEPT]
+
     def __repr__(self):
-        if self._cross is not None:
-            c = self._cross
-            return (f"Transfer({list(c.shape)}, {str(c.dtype)!r}, {c.mesh!r}, {str(c.src)!r}, "
-                    f"{str(c.dst)!r}, dst_mesh={c.dst_mesh!r}, workspace_bytes={c.workspace})")
-        return (f"Transfer({list(self._plan.global_shape)}, {str(self._plan.dtype)!r}, "
-                f"{self._mesh!r}, {str(self._plan.src)!r}, {str(self._plan.dst)!r}, "
-                f"donate={self._donate}, workspace_bytes={self._workspace}, "
-                f"strategy={self._plan.strategy!r}, checked={self._checked})")
+        p = self._plan
+        return (f"Transfer({list(p.global_shape)}, {str(p.dtype)!r}, {self._mesh!r}, "
+                f"{str(p.src)!r}, {str(p.dst)!r}, donate={self._donate}, "
+                f"workspace_bytes={self._workspace}, strategy={p.strategy!r}, "
+                f"checked={self._checked})")
 
     # ----------------------------------------------------------- running
 
-    def _run(self, local, out, extra_refs, records=None):
-        if not self._checked:
-            return self._run_unchecked(local, out, records)
-        kind, verdict, error = "numpy", NOT_DONATED, None
-        try:
-            check_block(local, self.source_shape, self._plan.dtype, self._mc.rank)
-            if out is not None:
-                check_out(out, local, self.target_shape, self._plan.dtype, self._mc.rank)
-            kind = array_kind(local)
-            verdict = self.judge(local, extra_refs)
-        except ValueError as exc:
-            error = exc
-        flags = agree_flags(self._mc.comm, "Transfer.run", error, {"kind": kind},
-                            {"donate": verdict.usable})
-        return self.run_agreed(local, out, kind, flags["donate"], verdict, records)
+    def _inputs(self, local, out, extra):
+        """This rank's ``(array kind, donation verdict)``; ValueError for bad arrays."""
+        rank = self._mc.rank
+        check_block(local, self.source_shape, self._plan.dtype, rank)
+        if out is not None:
+            check_out(out, local, self.target_shape, self._plan.dtype, rank)
+        verdict = NOT_DONATED
+        if self._donate:
+            given = self._choices[Variant.GIVEN]
+            verdict = judge_donation(local, extra, buffer_bytes(given.plan),
+                                     fresh_buffer_fits(given.plan, self._workspace))
+        return array_kind(local), verdict
 
     def _run_unchecked(self, local, out, records):
         """A run without the agreement (``checked=False``).
@@ -322,62 +345,49 @@ class Transfer:
         other ranks cannot know: their results are undefined then.
         """
         try:
-            check_block(local, self.source_shape, self._plan.dtype, self._mc.rank)
-            if out is not None:
-                check_out(out, local, self.target_shape, self._plan.dtype, self._mc.rank)
+            self._inputs(local, out, 0)
             if array_kind(local) != "numpy":    # the path must not depend on this rank's array
                 raise ShapeError(f"rank {self._mc.rank}: checked=False runs take numpy "
                                  f"blocks, found a {array_kind(local)} array")
         except ValueError as exc:
-            self.run_agreed(np.zeros(self.source_shape, self._plan.dtype), None, "numpy", False)
+            self._execute(np.zeros(self.source_shape, self._plan.dtype), None, "numpy", False,
+                          NOT_DONATED, None)
             raise exc
-        return self.run_agreed(local, out, "numpy", False, NOT_DONATED, records)
+        return self._execute(local, out, "numpy", False, NOT_DONATED, records)
 
-    def judge(self, local, extra_refs):
-        """This rank's :class:`~mpiredist.runtime.donation.Donation` for ``local``
-        (from the donated choice made once, at set-up)."""
-        if not self._donate:
-            return NOT_DONATED
-        return judge_given(self._choices["given"].plan, self._workspace, local, extra_refs)
-
-    def run_agreed(self, local, out, kind, donate_ok, verdict=None, records=None):
-        """Run with the per-run facts already agreed by every rank (no check).
-
-        ``kind`` is the array library of every rank's block, ``donate_ok``
-        whether every rank's block may be donated, ``verdict`` this rank's
-        own :class:`~mpiredist.runtime.donation.Donation`.  For callers
-        that agreed in their own collective.
-        """
-        verdict = verdict or NOT_DONATED
-        variant = "gpu" if kind == "cupy" else "given" if self._donate and donate_ok else "kept"
-        if self._donate and variant != "given":
+    def _execute(self, local, out, kind, donate_ok, verdict, records):
+        variant = (Variant.DEVICE if kind == "cupy" else
+                   Variant.GIVEN if self._donate and donate_ok else Variant.KEPT)
+        if self._donate and variant is not Variant.GIVEN:
             self._warn_donation(verdict.why)
         choice, ctx = self._program(variant, local)
         if not choice.inplace:
-            ctx.pool = self._buffers.setdefault(variant, {}) if out is not None else None
-            return execute(choice.plan, local, self._mc, records, choice.slack, ctx, out)
-        buffer = None
-        if out is not None and variant == "kept":
-            buffer = self._buffers.get("kept-buffer")
-            if buffer is None:
-                buffer = self._buffers["kept-buffer"] = np.empty(buffer_bytes(choice.plan),
-                                                                  dtype=np.uint8)
-        from .executor_inplace import execute_inplace   # imported when first needed
-        return execute_inplace(ctx, local, variant == "given", choice.budget.workspace,
-                               records, out, buffer, verdict.resizable)
+            ctx.pool = self._kept.setdefault(variant, {}) if out is not None else None
+            mem = Fresh(ctx, local, out, choice.slack)
+        else:
+            buffer = None
+            if out is not None and variant is Variant.KEPT:
+                buffer = self._kept.get("buffer")
+                if buffer is None:
+                    buffer = self._kept["buffer"] = np.empty(buffer_bytes(choice.plan),
+                                                             dtype=np.uint8)
+            mem = OneBuffer(ctx, local, variant is Variant.GIVEN, choice.budget.workspace,
+                            buffer, verdict.resizable, out)
+        return steps.run(ctx, mem, records)
 
     def _program(self, variant, local):
         """``(choice, context)`` of ``variant``, made on its first run."""
-        if variant == "gpu" and "gpu" not in self._choices:
-            self._choices["gpu"] = choose(self._plan, False, self._workspace, True)
+        if variant not in self._choices:               # device arrays: out of place
+            self._choices[variant] = choose(self._plan, False, self._workspace, True)
         choice = self._choices[variant]
         if variant not in self._contexts:
-            ctx = self._contexts[variant] = Context(choice.plan, self._mc, array_module(local))
+            ctx = self._contexts[variant] = Context(self._comm, self._plan.dtype,
+                                                    array_module(local), choice.plan, self._mc)
             ctx.reduce_room = reduction_room(choice.budget.workspace)
             fits = choice.budget
             if choice.inplace and fits.inplace_peak > fits.limit:
                 warnings.warn(BudgetWarning(f"Transfer {self._plan.src} -> {self._plan.dst}: "
-                                            f"{fits}"), stacklevel=4)
+                                            f"{fits}"), stacklevel=5)
         return choice, self._contexts[variant]
 
     def _warn_donation(self, why):
@@ -387,30 +397,52 @@ class Transfer:
             f"Transfer {self._plan.src} -> {self._plan.dst}: donation not honoured on any "
             f"rank ({reason}); ran as not donated, the block is unchanged"), stacklevel=4)
 
+    def free(self):
+        """Release this Transfer's datatypes and kept buffers (local, no communication).
+
+        Sub-communicators belong to the mesh's communicator and are freed with it.
+        """
+        for ctx in self._contexts.values():
+            ctx.free()
+        self._contexts.clear()
+        self._kept.clear()
+
     # ---------------------------------------------------------- explain
 
-    def _explain_choice(self, name, choice):
-        fits = choice.budget
-        head = (f"\n[{name}: {_VARIANTS[name]}] executor {choice.executor}; "
-                f"limit {format_bytes(fits.limit)}, predicted peak "
-                f"{format_bytes(fits.inplace_peak if choice.inplace else fits.out_of_place_peak)}")
-        if not choice.inplace:
-            head += f", pack room {format_bytes(choice.slack)}"
-        rows = [f"  step {i}: {step} sends {format_bytes(step.bytes_sent_per_rank)}/rank, "
-                f"{self._rounds(choice, step)}" for i, step in enumerate(choice.plan.steps)]
-        return [head, *rows] if rows else [head, "  (no steps)"]
+    def explain(self):
+        """What a run executes: executor, steps, parts, bytes, predicted peak, W."""
+        p = self._plan
+        lines = [f"Transfer {p.src} -> {p.dst} on mesh {self._mesh}: "
+                 f"{list(p.global_shape)} {p.dtype}, donate={self._donate}, "
+                 f"checked={self._checked}, W = {format_bytes(self._workspace)}"]
+        for variant, choice in self._choices.items():
+            lines += _explain_choice(variant, choice)
+        return "\n".join(lines)
 
-    def _rounds(self, choice, step):
-        """Message rounds of a step (from the plan, the same on every rank)."""
-        if step.op == "slice":
-            return "local"
-        if step.op in ("all_to_all", "all_gather") and not choice.inplace:
-            ctx = _Sizes(choice.plan, max(0, choice.slack))
-            limit = part_limit(ctx, group_sides(step, True))
-            piece = tuple(-(-n // step.group_size) if k == step.dims[-1] else n
-                          for k, n in enumerate(step.local_shape_before))
-            return f"{len(parts(piece, limit))} part(s) per piece, pipelined"
-        return "1 round"
+
+def _explain_choice(variant, choice):
+    fits = choice.budget
+    head = (f"\n[{variant.name.lower()}: {variant.value}] executor {choice.executor}; "
+            f"limit {format_bytes(fits.limit)}, predicted peak "
+            f"{format_bytes(fits.inplace_peak if choice.inplace else fits.out_of_place_peak)}")
+    if not choice.inplace:
+        head += f", pack room {format_bytes(choice.slack)}"
+    rows = [f"  step {i}: {step} sends {format_bytes(step.bytes_sent_per_rank)}/rank, "
+            f"{_parts(choice, step)}" for i, step in enumerate(choice.plan.steps)]
+    return [head, *rows] if rows else [head, "  (no steps)"]
+
+
+def _parts(choice, step):
+    """Message parts of a step (from the plan, the same on every rank)."""
+    if step.op == "slice":
+        return "local"
+    if step.op in ("all_to_all", "all_gather") and not choice.inplace:
+        itemsize = choice.plan.dtype.itemsize
+        limit = part_limit(itemsize, max(0, choice.slack), steps.group_sides(step, True))
+        piece = tuple(-(-n // step.group_size) if k == step.dims[-1] else n
+                      for k, n in enumerate(step.local_shape_before))
+        return f"{len(parts(piece, limit))} part(s) per piece, pipelined"
+    return "1 round"
 
 
 def _replanner(plan):
@@ -424,44 +456,147 @@ def _replanner(plan):
     return replan
 
 
-def donated_choice(plan, workspace):
-    """How a run with an honoured donation executes ``plan`` (pure)."""
-    return choose(plan, True, workspace, False, _replanner(plan))
+# ------------------------------------------------------------ between meshes
+
+def _same_comm(a, b):
+    if a is b:
+        return True
+    MPI = mpi()
+    a = MPI.COMM_WORLD if a is None else a
+    b = MPI.COMM_WORLD if b is None else b
+    return MPI.Comm.Compare(a, b) == MPI.IDENT
 
 
-def judge(plan, donate, workspace, local, extra_refs):
-    """This rank's :class:`~mpiredist.runtime.donation.Donation` of ``local`` for a
-    Transfer of ``plan`` (pure: no communication; ``workspace`` None is the default)."""
-    if not donate:
-        return NOT_DONATED
-    w = default_workspace(plan) if workspace is None else workspace
-    return judge_given(donated_choice(plan, w).plan, w, local, extra_refs)
+def _between(global_shape, dtype, mesh, src, dst, dst_mesh, donate, workspace, strategy,
+             checked):
+    """Validate and agree on a Transfer between meshes; its route's Transfer.
+
+    ``refined``: both meshes are every rank in order and their axes nest
+    (:func:`mpiredist.planning.crossmesh.refine`): a :class:`MeshTransfer`
+    on the refined mesh.  Otherwise a :class:`CrossTransfer`.
+    """
+    def body(mesh, rank):
+        target = mesh if dst_mesh is None else (
+            dst_mesh if isinstance(dst_mesh, Mesh) else Mesh(dst_mesh))
+        if not _same_comm(mesh.comm, target.comm):
+            raise MeshError(f"target mesh {target} is on another communicator than the "
+                            f"source mesh {mesh}; both meshes must live on one communicator")
+        size = base_comm(mesh).Get_size()
+        mesh.check_ranks(size, "source")
+        if strategy not in planner.STRATEGIES:
+            raise PlanError(f"strategy {strategy!r} is not one of {planner.STRATEGIES}")
+        shape, dt, _, s, _ = planner.validate(global_shape, dtype, mesh, src, src)
+        _, _, _, d, _ = planner.validate(shape, dt, target, dst, dst)
+        if target.auto:
+            target = relabel(shape, mesh, s, target, d, size)
+        target.check_ranks(size, "target")
+        w = check_workspace(workspace)
+        _check_options(donate, checked)
+        found = route(mesh, s, target, d, size)
+        if found is not None:
+            found = found[0], planner.plan(shape, dt, found[0], found[1], found[2], strategy)
+        return (target, shape, dt, s, d, found, w), dict(
+            mesh=repr(mesh), dst_mesh=repr(target), shape=shape, dtype=dt, src=s, dst=d,
+            workspace=w, strategy=strategy, donate=bool(donate), checked=bool(checked))
+
+    mesh, (target, shape, dt, s, d, found, w) = check_together("Transfer between meshes",
+                                                               mesh, body)
+    if found is not None:
+        refined, plan = found
+        return MeshTransfer._make(refined, plan, bool(donate), w, bool(checked), target)
+    if donate:
+        warnings.warn(DonationWarning(
+            f"Transfer between meshes {mesh} and {target}: the exchange reads the source "
+            "block in place, so a donation is not honoured on this route"), stacklevel=3)
+    return CrossTransfer._make(mesh, target, shape, dt, s, d, w, bool(checked))
 
 
-def judge_given(given, workspace, local, extra_refs):
-    """:func:`judge` when the donated run's plan ``given`` is already chosen."""
-    return judge_donation(local, extra_refs, buffer_bytes(given),
-                          fresh_buffer_fits(given, workspace))
+class CrossTransfer(Transfer):
+    """The exchange between two meshes, agreed and ready to run (see :class:`Transfer`).
 
+    Every rank of the communicator constructs it and calls :meth:`run`.  A
+    rank outside the source mesh passes ``None``; a rank outside the target
+    mesh gets ``None``.  Memory: the target block plus at most W
+    (``workspace_bytes``, default a quarter of the largest block of any rank
+    plus 1 MiB), on every rank; the source block is read in place, so a
+    donation is not honoured on this route.  A block that is not
+    C-contiguous is copied first (one block more): pieces that are one
+    contiguous stretch at both ends go whole, straight from the source into
+    the target.
+    """
 
-class _Sizes:
-    """The two fields :func:`~mpiredist.runtime.packing.part_limit` reads."""
+    executor = "exchange"
 
-    def __init__(self, plan, slack):
-        self.slack, self.itemsize = slack, plan.dtype.itemsize
+    @classmethod
+    def _make(cls, mesh, dst_mesh, shape, dtype, src, dst, workspace, checked):
+        self = object.__new__(cls)
+        comm = base_comm(mesh)
+        size = comm.Get_size()
+        self._mesh, self._target_mesh, self._shape, self._dtype = mesh, dst_mesh, shape, dtype
+        self._src, self._dst, self._size = src, dst, size
+        self._donate, self._checked = False, checked
+        self._comm, self._base = library_comm(comm), comm
+        sources = layout_sources(shape, mesh, src, size)
+        targets = layout_targets(shape, dst_mesh, dst, size)
+        self._workspace = exchange_workspace(sources, targets, dtype.itemsize) \
+            if workspace is None else workspace
+        self._ctx = Context(self._comm, dtype)
+        self._exchange = Exchange(self._ctx, sources, targets, self._workspace, src.op)
+        self.source_shape = self._exchange.source_shape
+        self.target_shape = self._exchange.target_shape
+        self._identity = _identity(mesh=repr(mesh), dst_mesh=repr(dst_mesh), shape=shape,
+                                   dtype=dtype, src=src, dst=dst, workspace=workspace,
+                                   checked=checked)
+        return self
 
+    @property
+    def plan(self):
+        """The :class:`~mpiredist.planning.crossmesh.CrossPlan` (all ranks' pieces)."""
+        return cross_plan(self._shape, self._dtype, self._mesh, self._src, self._target_mesh,
+                          self._dst, self._size, self._workspace)
 
-def check_workspace(value, rank=None):
-    """``workspace_bytes`` as a non-negative int (None stays None), else ShapeError."""
-    if value is None:
-        return None
-    where = "" if rank is None else f"rank {rank}: "
-    try:
-        w = int(value)
-    except (TypeError, ValueError):
-        raise ShapeError(f"{where}workspace_bytes must be an integer, "
-                         f"found {value!r}") from None
-    if w < 0:
-        raise ShapeError(f"{where}workspace_bytes must be non-negative, found {w}")
-    return w
+    @property
+    def bytes_sent(self):
+        """Bytes this rank sends to other ranks per run."""
+        return self._exchange.bytes_sent
 
+    def __repr__(self):
+        return (f"Transfer({list(self._shape)}, {str(self._dtype)!r}, {self._mesh!r}, "
+                f"{str(self._src)!r}, {str(self._dst)!r}, dst_mesh={self._target_mesh!r}, "
+                f"workspace_bytes={self._workspace}, checked={self._checked})")
+
+    def _inputs(self, local, out, extra):
+        rank = self._comm.Get_rank()
+        if self.source_shape is None:
+            if local is not None:
+                raise ShapeError(f"rank {rank} is outside the source mesh {self._mesh}: "
+                                 "pass local=None")
+        elif local is None:
+            raise ShapeError(f"rank {rank} is in the source mesh {self._mesh} but passed "
+                             "local=None")
+        else:
+            check_block(local, self.source_shape, self._dtype, rank)
+        if out is not None:
+            if self.target_shape is None:
+                raise ShapeError(f"rank {rank} is outside the target mesh "
+                                 f"{self._target_mesh}: pass out=None")
+            check_out(out, local, self.target_shape, self._dtype, rank)
+        return "numpy" if local is None else array_kind(local), NOT_DONATED
+
+    def _run_unchecked(self, local, out, records):
+        return self._execute(local, out, None, False, NOT_DONATED, records)
+
+    def _execute(self, local, out, kind, donate_ok, verdict, records):
+        if local is not None and not c_contiguous(local):
+            local = array_module(local).ascontiguousarray(local)   # one block more (docs)
+        if out is None and self.target_shape is not None:
+            xp = np if local is None else array_module(local)
+            out = xp.empty(self.target_shape, self._dtype)
+        self._exchange.run(local, out)
+        return out
+
+    def explain(self):
+        return self.plan.explain()
+
+    def free(self):
+        self._ctx.free()

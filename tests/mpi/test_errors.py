@@ -44,15 +44,22 @@ def outcome(fn, *args, **kwargs):
     return None
 
 
-def raised_everywhere(err, expected, text=()):
-    """Agree that this rank raised an ``expected`` ValueError naming ``text``.
+def raised_everywhere(err, expected, text=(), culprit=None):
+    """Agree that this rank raised an ``expected`` ValueError naming ``text``,
+    with the same message as every other rank.
 
-    Collective: the per-rank verdicts are reduced with MIN, so every rank
-    asserts the same thing.
+    With ``culprit`` (the rank at fault), that rank raises ``expected`` itself
+    and the others its :class:`~mpiredist.RemoteError` subclass.  Collective:
+    the per-rank verdicts are reduced with MIN, so every rank asserts the
+    same thing.
     """
     text = (text,) if isinstance(text, str) else tuple(text)
+    remote = culprit is not None and RANK != culprit
     ok = (isinstance(err, expected) and isinstance(err, ValueError)
-          and all(t in str(err) for t in text))
+          and all(t in str(err) for t in text)
+          and (culprit is None or isinstance(err, RemoteError) == remote))
+    messages = COMM.allgather(str(err))
+    ok = ok and len(set(messages)) == 1
     got = "nothing" if err is None else f"{type(err).__name__}: {err}"
     everywhere = COMM.allreduce(int(ok), op=MPI.MIN)
     assert everywhere == 1, (f"not every rank raised {expected.__name__} naming {text}; "
@@ -163,10 +170,7 @@ def test_negative_global_shape():
 def test_wrong_local_shape_on_rank_0_only():
     local = np.zeros((SHAPE[0] + 5, 7), dtype="float32") if RANK == 0 else block()
     err = call(local=local)
-    if RANK == 0:
-        raised_everywhere(err, ShapeError, ("rank 0", "local block has shape"))
-    else:
-        raised_everywhere(err, RemoteError, ("rank 0", "ShapeError"))
+    raised_everywhere(err, ShapeError, ("rank 0", "local block has shape"), culprit=0)
     still_works()
 
 
@@ -175,10 +179,7 @@ def test_wrong_local_shape_on_last_rank_only():
     bad = SIZE - 1
     local = np.zeros((1, 2), dtype="float32") if RANK == bad else block()
     err = call(local=local)
-    if RANK == bad:
-        raised_everywhere(err, ShapeError, f"rank {bad}")
-    else:
-        raised_everywhere(err, RemoteError, f"rank {bad}")
+    raised_everywhere(err, ShapeError, f"rank {bad}:", culprit=bad)
     still_works()
 
 
@@ -186,10 +187,7 @@ def test_wrong_local_shape_on_last_rank_only():
 def test_bad_layout_on_rank_0_only():
     dst = "[{}, {q}]" if RANK == 0 else "[{}, {x}]"
     err = call(dst=dst)
-    if RANK == 0:
-        raised_everywhere(err, LayoutError, "'q'")
-    else:
-        raised_everywhere(err, RemoteError, ("rank 0", "LayoutError"))
+    raised_everywhere(err, LayoutError, ("rank 0: " if SIZE > 1 else "", "'q'"), culprit=0)
     still_works()
 
 
@@ -258,7 +256,7 @@ def test_ranks_disagree_on_strategy():
 def test_from_local_wrong_shape_on_rank_0_only():
     local = np.zeros((5, 5), dtype="float32") if RANK == 0 else block()
     err = outcome(mr.DistArray.from_local, local, MESH, "[{x}, {}]", SHAPE)
-    raised_everywhere(err, ShapeError if RANK == 0 else RemoteError, "rank 0")
+    raised_everywhere(err, ShapeError, "rank 0", culprit=0)
     still_works()
 
 
@@ -275,12 +273,12 @@ def test_from_global_with_partial_layout():
 @pytest.mark.mpi(min_size=2)
 def test_non_array_block_on_rank_0_only():
     local = block().tolist() if RANK == 0 else block()
-    raised_everywhere(call(local=local), ValueError)
+    raised_everywhere(call(local=local), ShapeError, ("rank 0", "list"), culprit=0)
     still_works()
 
 
 @pytest.mark.mpi(min_size=2)
 def test_non_sequence_shape_on_rank_0_only():
     err = call(shape=5 if RANK == 0 else SHAPE)
-    raised_everywhere(err, ShapeError if RANK == 0 else RemoteError, "rank 0")
+    raised_everywhere(err, ShapeError, "rank 0", culprit=0)
     still_works()

@@ -1,4 +1,4 @@
-"""The pipelined part engine (mpiredist.runtime.pipeline), without MPI.
+"""The pipelined part engine (mpiredist.runtime.p2p), without MPI.
 
 Ranks are threads and a small fake MPI matches sends with receives in
 posting order per pair, completing a send only when its receive is posted
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpiredist.runtime import pipeline
-from mpiredist.runtime.pipeline import Part, Ring
+from mpiredist.runtime import p2p
+from mpiredist.runtime.p2p import Part, Ring
 
 TIMEOUT = 20
 
@@ -189,7 +189,7 @@ def test_random_parts_arrive_without_deadlock(seed):
             targets.append((pair, r, target))
             recvs.append(Part(peer, view=target) if packs else
                          Part(peer, spec=[target, target.nbytes, "BYTE"]))
-        pipeline.run(_MPI, comm, sends, recvs, np.empty(rooms[rank, "s"]),
+        p2p.run(_MPI, comm, sends, recvs, np.empty(rooms[rank, "s"]),
                      np.empty(rooms[rank, "r"]))
         for pair, r, target in targets:
             received[pair, r] = target
@@ -240,7 +240,7 @@ def test_paired_swap_in_place(seed, mode):
                 s, r = _paired_parts(p, buf[p, lo:lo + part], mode)
                 sends.append(s)
                 recvs.append(r)
-        pipeline.run(_MPI, comm, sends, recvs, *_rings(mode, room), paired=True)
+        p2p.run(_MPI, comm, sends, recvs, *_rings(mode, room), paired=True)
 
     _run_ranks(n, body)
     for me in range(n):
@@ -269,7 +269,7 @@ def test_paired_permute_around_a_cycle(seed, mode):
             _, r = _paired_parts((me - 1) % n, buf[lo:lo + part], mode)
             sends.append(s)
             recvs.append(r)
-        pipeline.run(_MPI, comm, sends, recvs, *_rings(mode, room), paired=True)
+        p2p.run(_MPI, comm, sends, recvs, *_rings(mode, room), paired=True)
 
     _run_ranks(n, body)
     for me in range(n):
@@ -289,7 +289,7 @@ def test_paired_more_receives_than_sends(mode):
                  for lo in range(0, sizes[me], part)]
         recvs = [_paired_parts(source, buf[lo:min(lo + part, sizes[source])], mode)[1]
                  for lo in range(0, sizes[source], part)]
-        pipeline.run(_MPI, comm, sends, recvs, *_rings(mode, part), paired=True)
+        p2p.run(_MPI, comm, sends, recvs, *_rings(mode, part), paired=True)
 
     _run_ranks(n, body)
     for me in range(n):
@@ -307,7 +307,7 @@ def test_paired_straight_both_ways_is_refused():
         view = np.zeros(4)
         spec = [view, view.nbytes, "BYTE"]
         try:
-            pipeline.run(_MPI, comm, [Part(1 - me, spec=spec)], [Part(1 - me, spec=spec)],
+            p2p.run(_MPI, comm, [Part(1 - me, spec=spec)], [Part(1 - me, spec=spec)],
                          None, None, paired=True)
         except ValueError as exc:
             errors.append(exc)
@@ -342,7 +342,7 @@ def test_unpaired_in_place_swap_can_overwrite():
         view = slots[me][p]
 
         def body(me=me, view=view, p=p):
-            pipeline.run(_MPI, comms[me], [Part(p, view=view)],
+            p2p.run(_MPI, comms[me], [Part(p, view=view)],
                          [Part(p, spec=[view, view.nbytes, "BYTE"])], np.empty(length), None)
         threads.append(threading.Thread(target=body, daemon=True))
     for t in threads:
@@ -374,7 +374,7 @@ def test_combined_in_posting_order(seed):
         recvs = (Part(m, view=target[lo:lo + part], combine=add,
                       value=blocks[me][me, lo:lo + part] if m == me else None)
                  for lo in range(0, length, part) for m in range(n))
-        pipeline.run(_MPI, comm, sends, recvs, np.empty(part), np.empty(part))
+        p2p.run(_MPI, comm, sends, recvs, np.empty(part), np.empty(part))
         out[me] = target
 
     _run_ranks(n, body)

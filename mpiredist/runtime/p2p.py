@@ -1,5 +1,9 @@
 """Point-to-point parts in a pipeline, packed within two bounded rings.
 
+The one point-to-point engine under every move of the runtime: the
+exchange (:mod:`mpiredist.runtime.exchange`) and the one-buffer swaps and
+permutes (:mod:`mpiredist.runtime.steps`) hand it two sequences of parts.
+
 Rounds with one ``Waitall`` each make every rank wait for its slowest peer
 once per round: at 8 ranks on 2 cores, c01 with the default workspace took
 14.4 ms in three rounds against 9.3 ms in one.  Here sends and receives are

@@ -1,4 +1,8 @@
-"""What a rank's own arrays allow, judged locally, before the ranks agree.
+"""What a rank's own inputs allow, judged locally, before the ranks agree.
+
+Blocks and ``out=`` arrays (:func:`check_block`, :func:`check_out`), the
+workspace argument (:func:`check_workspace`), and donation
+(:func:`judge_donation`), each checked in one place for every route.
 
 Every property of a caller's array that could change which MPI calls run —
 the array library, and for a donated block whether its memory may become
@@ -34,7 +38,8 @@ import numpy as np
 from ..core.backend import c_contiguous, is_gpu
 from ..core.errors import ShapeError
 
-__all__ = ["references", "local_references", "resize_in_place", "Donation", "judge_donation", "check_block", "check_out", "array_kind"]
+__all__ = ["references", "local_references", "resize_in_place", "Donation", "NOT_DONATED",
+           "judge_donation", "check_block", "check_out", "check_workspace", "array_kind"]
 
 
 def references(array):
@@ -106,6 +111,9 @@ class Donation(NamedTuple):
     usable: bool
     resizable: bool
     why: str
+
+
+NOT_DONATED = Donation(False, False, "")
 
 
 def judge_donation(array, extra_references, capacity, fresh):
@@ -180,3 +188,19 @@ def check_out(out, local, shape, dtype, rank):
     if isinstance(out, np.ndarray) and isinstance(local, np.ndarray) \
             and out.size and local.size and np.shares_memory(out, local):
         raise ShapeError(f"rank {rank}: out shares memory with the source block")
+
+
+def check_workspace(value):
+    """``workspace_bytes`` as a non-negative int (None stays None), else ShapeError.
+
+    The same argument on every rank, so the message names no rank.
+    """
+    if value is None:
+        return None
+    try:
+        w = int(value)
+    except (TypeError, ValueError):
+        raise ShapeError(f"workspace_bytes must be an integer, found {value!r}") from None
+    if w < 0:
+        raise ShapeError(f"workspace_bytes must be non-negative, found {w}")
+    return w

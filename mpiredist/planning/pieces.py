@@ -42,7 +42,8 @@ from ..core.subaxes import SubLayout, expand, rank_digits
 from .budget import workspace_for
 
 __all__ = ["Source", "Target", "Piece", "Holders", "layout_sources", "layout_targets",
-           "layout_boxes", "box_sources", "recv_pieces", "send_pieces", "parts", "part_limit",
+           "layout_boxes", "box_sources", "recv_pieces", "send_pieces", "parts", "iter_parts", "part_limit",
+           "ring_part_limit",
            "exchange_workspace", "simulate", "REDUCERS", "MIN_PART", "DEPTH"]
 
 # How partial classes combine (numpy ufuncs: combining in a fixed order,
@@ -246,28 +247,43 @@ def part_limit(itemsize, room, sides):
     return math.inf
 
 
+def ring_part_limit(itemsize, room, sides):
+    """Elements per part of a move whose parts must all fit their ring (in place):
+    :func:`part_limit`, or where that is unbounded the whole share of a side
+    (at least one element)."""
+    limit = part_limit(itemsize, room, sides)
+    if limit != math.inf:
+        return limit
+    return max(1, room // max(1, sum(map(bool, sides))) // itemsize)
+
+
 def parts(shape, limit):
     """Boxes ``(starts, shape)`` that cut ``shape`` into parts of at most ``limit``
     elements (along the first dims longer than 1, in C order; any count if
-    ``limit`` is infinite).  Both ends of a message cut its piece so."""
+    ``limit`` is infinite).  Both ends of a message cut its piece so; a box
+    that is one run of its array stays one in every part."""
+    return list(iter_parts(shape, limit))
+
+
+def iter_parts(shape, limit):
+    """:func:`parts`, one at a time (a piece of many parts holds no list of them)."""
     ndim = len(shape)
     if math.prod(shape) <= limit or not ndim:
-        return [((0,) * ndim, tuple(shape))]
+        yield (0,) * ndim, tuple(shape)
+        return
     d = next(k for k, n in enumerate(shape) if n > 1)
     inner = math.prod(shape[d + 1:])
-    out = []
+    zeros = (0,) * ndim
     if inner <= limit:
         rows = limit // inner
         for lo in range(0, shape[d], rows):
-            starts = (0,) * ndim
-            box = shape[:d] + (min(rows, shape[d] - lo),) + shape[d + 1:]
-            out.append((starts[:d] + (lo,) + starts[d + 1:], box))
-        return out
+            yield (zeros[:d] + (lo,) + zeros[d + 1:],
+                   shape[:d] + (min(rows, shape[d] - lo),) + shape[d + 1:])
+        return
     below = shape[:d] + (1,) + shape[d + 1:]
     for lo in range(shape[d]):
-        for starts, box in parts(below, limit):
-            out.append((starts[:d] + (lo,) + starts[d + 1:], box))
-    return out
+        for starts, box in iter_parts(below, limit):
+            yield starts[:d] + (lo,) + starts[d + 1:], box
 
 
 def simulate(arrays, sources, targets, op="sum"):

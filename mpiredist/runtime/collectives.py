@@ -10,10 +10,14 @@ displacement above :func:`count_limit` in its own units:
   libraries): :func:`message`, :func:`unit`;
 - an all-gather of byte slots whose displacements pass the limit goes as
   point-to-point messages (:func:`allgather`);
-- reductions go in rounds of at most the limit, and at most the reduction
-  room (half the workspace), so that the buffers MPI allocates inside a
-  reduction stay within the memory contract: :func:`allreduce`,
-  :func:`reduce_scatter`, :func:`reduce_scatter_rounds`.
+- a reduction call carries at most the limit, and at most the reduction
+  room (half the workspace), so that the buffers MPI allocates inside it
+  stay within the memory contract (:func:`reduce_limit`); larger ones are
+  combined by numpy from pipelined parts instead
+  (:func:`mpiredist.runtime.steps.reduce_by_parts`).
+
+Every call here adds the MPI calls it makes to ``ctx.calls`` (what a
+:class:`~mpiredist.runtime.steps.StepRecord` reports).
 
 ``MPIREDIST_COUNT_LIMIT`` (a number of units) lowers the limit, e.g. to
 exercise these paths with small arrays in tests; it must be the same on
@@ -26,10 +30,9 @@ import os
 import numpy as np
 
 from ..core.backend import c_contiguous, synchronize
-from ..planning.pieces import parts
 
 __all__ = ["INT_MAX", "count_limit", "as_bytes", "unit", "message", "mpi_op", "typed",
-           "reduce_limit", "allgather", "allreduce", "reduce_scatter", "reduce_scatter_rounds"]
+           "reduce_limit", "allgather", "allreduce", "reduce_scatter"]
 
 INT_MAX = (1 << 31) - 1
 ENV = "MPIREDIST_COUNT_LIMIT"
@@ -113,9 +116,11 @@ def allgather(ctx, comm, own, out, nbytes, offsets):
         synchronize(own)
     synchronize(out)
     if even:
+        ctx.calls += 1
         comm.Allgather(send, [out, *unit(ctx, nbytes[0])])
         return
     if fits:
+        ctx.calls += 1
         comm.Allgatherv(send, [out, nbytes, offsets, MPI.BYTE])
         return
     n, requests = comm.Get_size(), []
@@ -127,21 +132,17 @@ def allgather(ctx, comm, own, out, nbytes, offsets):
         if nbytes[me]:
             requests.append(comm.Isend(message(ctx, out, nbytes[me], offsets[me]), dst,
                                        GATHER_TAG))
+    ctx.calls += len(requests)
     MPI.Request.Waitall(requests)
 
 
 def allreduce(ctx, comm, send, recv, op):
-    """``recv = op(send over comm)`` elementwise, in rounds (``send`` None: in place).
-
-    ``send`` and ``recv`` are flat C-contiguous arrays of the same length on
-    every member (a partial group holds equal blocks).
-    """
-    MPI, t, n = ctx.MPI, typed(ctx), recv.size
-    step = reduce_limit(ctx)
-    for lo in range(0, n, step):
-        hi = min(n, lo + step)
-        src = MPI.IN_PLACE if send is None else [send[lo:hi], t]
-        comm.Allreduce(src, [recv[lo:hi], t], op)
+    """``recv = op(send over comm)`` elementwise in one call (``send`` None: in place);
+    flat C-contiguous arrays of the same length on every member, at most
+    :func:`reduce_limit` elements."""
+    t = typed(ctx)
+    ctx.calls += 1
+    comm.Allreduce(ctx.MPI.IN_PLACE if send is None else [send, t], [recv, t], op)
 
 
 def reduce_scatter(ctx, comm, packed, counts, out, op):
@@ -150,45 +151,8 @@ def reduce_scatter(ctx, comm, packed, counts, out, op):
     member me's part then lands at the front of ``packed``."""
     MPI, t = ctx.MPI, typed(ctx)
     synchronize(packed)
+    ctx.calls += 1
     if out is None:
         comm.Reduce_scatter(MPI.IN_PLACE, [packed, sum(counts), t], counts, op)
     else:
         comm.Reduce_scatter([packed, t], [out, t], counts, op)
-
-
-def reduce_scatter_rounds(ctx, comm, views, out, op):
-    """Reduce-scatter of member parts given as (strided) views, in rounds.
-
-    Member ``m``'s part is cut into boxes of at most ``reduce_limit // g``
-    elements (every member cuts every part alike); round ``k`` packs box
-    ``k`` of each part into a staging buffer, reduces it into a second one,
-    and puts this member's reduced box in place in ``out``.  No copy of the
-    whole block is made: the staging buffers hold one round.  With ``out``
-    at the front of the parts (in place), round ``k`` writes only what
-    rounds 0..k have already packed.
-    """
-    t, me, g = typed(ctx), comm.Get_rank(), len(views)
-    width = max(1, reduce_limit(ctx) // g)
-    boxes = [parts(tuple(p.shape), width) for p in views]
-    staging = ctx.xp.empty(g * width + width, dtype=out.dtype)
-    back = staging[g * width:]
-    for k in range(max(len(b) for b in boxes)):
-        counts, at = [], 0
-        for m in range(g):
-            if k < len(boxes[m]) and math.prod(boxes[m][k][1]):
-                starts, shape = boxes[m][k]
-                n = math.prod(shape)
-                staging[at:at + n].reshape(shape)[...] = views[m][_index(starts, shape)]
-                counts.append(n)
-                at += n
-            else:
-                counts.append(0)
-        synchronize(staging)
-        comm.Reduce_scatter([staging[:at], t], [back[:counts[me]], t], counts, op)
-        if counts[me]:
-            starts, shape = boxes[me][k]
-            out[_index(starts, shape)] = back[:counts[me]].reshape(shape)
-
-
-def _index(starts, shape):
-    return tuple(slice(s, s + n) for s, n in zip(starts, shape)) + (Ellipsis,)

@@ -48,6 +48,7 @@ class Context:
         self.count_limit = count_limit(self.MPI)
         self.reduce_room = 1 << 62  # bytes a reduction call may carry (set from W)
         self.routes = {}        # per-step geometry, computed on the first run
+        self.calls = 0          # MPI calls that moved data (see StepRecord)
 
     def __repr__(self):
         return f"Context({self.dtype}, plan={self.plan is not None}, routes={len(self.routes)})"

@@ -32,12 +32,11 @@ from collections import namedtuple
 
 from ..core.backend import array_module, c_contiguous, synchronize
 from ..core.blocks import box_shape, contiguous_box, flat_offset
-from ..planning.pieces import (DEPTH, MIN_PART, Holders, REDUCERS, part_limit, parts,
-                               recv_pieces, send_pieces)
+from ..planning.pieces import (Holders, REDUCERS, iter_parts, part_limit, recv_pieces,
+                               send_pieces)
 from . import p2p
 
-__all__ = ["Send", "Recv", "move", "move_once", "part_limit", "ring_limit", "Exchange",
-           "MIN_PART", "DEPTH", "ONE_CALL_MAX"]
+__all__ = ["Send", "Recv", "move", "move_once", "Exchange", "ONE_CALL_MAX"]
 
 # Blocks up to this size may go in one Alltoall(v) (move_once): where a
 # message costs more than moving its bytes.  Measured at 8 ranks on 2 cores,
@@ -54,12 +53,14 @@ Recv.__doc__ = """A piece to receive: ``box`` relative to the target region;
 piece, its box in the source region (no message)."""
 
 
-def move(ctx, comm, sends, recvs, source, target, limit, room, reducer=None, paired=False):
+def move(ctx, comm, sends, recvs, source, target, limit, room, reducer=None, paired=False,
+         halves=False):
     """Move ``sends`` (boxes of ``source``) to their peers and ``recvs`` into
     ``target`` (both :class:`~mpiredist.runtime.memory.Region`) on ``comm``.
 
     ``limit``: elements per part (agreed); ``room``: ring elements of both
-    sides together; ``reducer``: the ufunc of combining receives;
+    sides together (shared by the sides that pack here, or half each with
+    ``halves``); ``reducer``: the ufunc of combining receives;
     ``paired``: in place (``source`` and ``target`` share memory; receive i
     overwrites only what sends 0..i read, see :func:`mpiredist.runtime.p2p.run`).
     """
@@ -67,8 +68,7 @@ def move(ctx, comm, sends, recvs, source, target, limit, room, reducer=None, pai
     dtype = _dtype(source, target)
     if dtype is None:                       # no block here: nothing to move
         return
-    limit = ring_limit(limit, ctx.count_limit // dtype.itemsize) if paired else \
-        min(limit, ctx.count_limit // dtype.itemsize)
+    limit = max(1, min(limit, ctx.count_limit // dtype.itemsize))
     whole = max(1, ctx.count_limit // dtype.itemsize)
     local = [r for r in recvs if r.own is not None]
     if reducer is None and not paired:
@@ -77,7 +77,7 @@ def move(ctx, comm, sends, recvs, source, target, limit, room, reducer=None, pai
         recvs = [r for r in recvs if r.own is None]
     send_seq = _Sequence([s for s in sends if s.peer != me], limit, whole)
     recv_seq = _Sequence(recvs, limit, whole)
-    send_room, recv_room = _rooms(room, source, target, send_seq, recv_seq, paired)
+    send_room, recv_room = _rooms(room, source, target, send_seq, recv_seq, paired, halves)
     send_buffer, recv_buffer = _buffers(ctx, dtype, send_room, recv_room)
     if source.base is not None:
         synchronize(source.base)
@@ -93,9 +93,10 @@ def move(ctx, comm, sends, recvs, source, target, limit, room, reducer=None, pai
             return p2p.Part(piece.peer, view=view, combine=combine)
         return _part(ctx, piece.peer, target, box, recv_room)
 
-    p2p.run(ctx.MPI, comm, (_part(ctx, s.peer, source, box, send_room) for s, box in send_seq),
-            (received(r, box) for r, box in recv_seq), send_buffer, recv_buffer,
-            paired=paired)
+    ctx.calls += p2p.run(ctx.MPI, comm,
+                         (_part(ctx, s.peer, source, box, send_room) for s, box in send_seq),
+                         (received(r, box) for r, box in recv_seq), send_buffer, recv_buffer,
+                         paired=paired)
 
 
 def move_once(ctx, comm, sends, recvs, source, target, even):
@@ -127,6 +128,7 @@ def move_once(ctx, comm, sends, recvs, source, target, even):
         packed[send_at[p]:send_at[p] + k].reshape(s.box[1])[...] = src[_index(s.box)]
     synchronize(packed)
     B = ctx.MPI.BYTE
+    ctx.calls += 1
     if even:
         unit = count * size
         comm.Alltoall([packed, unit, B], [back, unit, B])
@@ -144,30 +146,50 @@ class _Sequence:
 
     Both ends of a message cut its piece alike and give each part the same
     place relative to the other messages between them: the pipeline's
-    condition for progress.
+    condition for progress.  Parts are made one at a time (tiny parts under
+    a low count limit would otherwise make lists of thousands).
     """
 
     def __init__(self, pieces, limit, whole):
-        self.cut = [(x, parts(x.box[1], whole if x.whole else limit))
-                    for x in sorted(pieces, key=lambda x: x.key) if math.prod(x.box[1])]
+        self.pieces = [(x, whole if x.whole else limit)
+                       for x in sorted(pieces, key=lambda x: x.key) if math.prod(x.box[1])]
 
     def __iter__(self):
-        for r in range(max((len(ps) for _, ps in self.cut), default=0)):
-            for piece, ps in self.cut:
-                if r < len(ps):
-                    yield piece, _shift(piece.box, ps[r])
+        live = [(x, iter_parts(x.box[1], limit)) for x, limit in self.pieces]
+        while live:
+            more = []
+            for piece, cut in live:
+                part = next(cut, None)
+                if part is not None:
+                    yield piece, _shift(piece.box, part)
+                    more.append((piece, cut))
+            live = more
 
 
-def _rooms(room, source, target, sends, recvs, paired=False):
-    """Ring sizes in elements: ``room`` shared by the sides that pack here, each
-    no larger than what its side packs."""
-    need = [sum(math.prod(box[1]) for x, box in seq if _packs(region, x, box, paired))
-            for seq, region in ((sends, source), (recvs, target))]
+def _rooms(room, source, target, sends, recvs, paired=False, halves=False):
+    """Ring sizes in elements: ``room`` shared by the sides that pack here (or
+    half each), each no larger than what its side packs."""
+    need = [_need(seq, region, paired) for seq, region in ((sends, source), (recvs, target))]
     packing = [bool(n) for n in need]
     if not any(packing):
         return 0, 0
-    share = room // sum(packing)
+    share = room // (2 if halves else sum(packing))
     return tuple(min(share, n) for n in need)
+
+
+def _need(seq, region, paired):
+    """Elements of ``seq``'s parts that go through this side's ring (a piece
+    that is one run goes straight in every part)."""
+    total = 0
+    for piece, limit in seq.pieces:
+        if not _packs(region, piece, piece.box, paired):
+            continue
+        if isinstance(piece, Recv) and (piece.combine or paired):
+            total += math.prod(piece.box[1])
+            continue
+        total += sum(math.prod(part[1]) for part in iter_parts(piece.box[1], limit)
+                     if not _is_run(region, _shift(piece.box, part)))
+    return total
 
 
 def _packs(region, piece, box, paired=False):
@@ -186,12 +208,6 @@ def _dtype(source, target):
         if region.base is not None:
             return region.base.dtype
     return None
-
-
-def ring_limit(limit, count_limit):
-    """Elements per part of an in-place move: never unbounded (its receives
-    must go through the ring), at most the count limit."""
-    return max(1, min(count_limit, limit if limit != math.inf else count_limit))
 
 
 def _buffers(ctx, dtype, send_room, recv_room):
@@ -263,8 +279,9 @@ class Exchange:
         Every rank's ``local`` and ``out`` may be views of larger arrays:
         no piece goes whole (every rank must pass the same).
 
-    Memory: the caller's target block, plus at most W of rings.  Nothing here
-    communicates but :meth:`run`.
+    Memory: the caller's target block, plus rings of at most W / 2 a side
+    (the rest of W is for what else the call allocates where only one side
+    packs).  Nothing here communicates but :meth:`run`.
     """
 
     def __init__(self, ctx, sources, targets, workspace, op="sum", views=False, rank=None):
@@ -314,7 +331,7 @@ class Exchange:
         target = Region(out) if out is not None else _EMPTY
         ctx.xp = xp or ctx.xp
         move(ctx, self.comm, self.sends, self.recvs, source, target, self.limit, self.room,
-             self.reducer if self.combines else None)
+             self.reducer if self.combines else None, halves=True)
 
 
 class _Nothing:

@@ -111,8 +111,8 @@ class Ring:
 
 def run(MPI, comm, sends, recvs, send_buffer, recv_buffer, tag=TAG, paired=False):
     """Post ``sends`` and ``recvs`` (iterables of :class:`Part`, read as they
-    are posted) in order; return
-    when all have finished.
+    are posted) in order; return, when all have finished, the number of
+    messages posted (sends and receives).
 
     ``send_buffer`` and ``recv_buffer`` are 1-D arrays of the element type
     (or None where no part of that side is packed); a packed part must be
@@ -143,7 +143,7 @@ def run(MPI, comm, sends, recvs, send_buffer, recv_buffer, tag=TAG, paired=False
             state.all_sent = not sends
         if not sends and not recvs:
             state.finish()
-            break
+            return state.posted
         if not state.requests:
             raise ValueError(f"nothing in flight, and the next part does not fit its ring: "
                              f"{sends.head if sends else recvs.head}")
@@ -226,6 +226,7 @@ class _State:
         self.released = 0                       # leading sends whose place is free
         self.all_sent = False                   # every send posted
         self.flying = {"send": 0, "recv": 0}    # posted, not yet seen finished
+        self.posted = 0                         # messages posted in all
 
     def may_post(self, part):
         """False while a paired straight receive must wait for its place."""
@@ -299,6 +300,7 @@ class _State:
             self.released += 1
 
     def _add(self, request, token):
+        self.posted += 1
         self.requests.append(request)
         self.tokens.append(token)
         self.flying["recv" if isinstance(token, _Recv) else "send"] += 1

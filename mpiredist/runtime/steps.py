@@ -44,11 +44,12 @@ from ..core.backend import synchronize
 from ..core.blocks import box_shape, contiguous_box, divides_evenly, overlap, rank_block
 from ..core.errors import CommunicationError
 from ..planning.budget import frame_shape
-from ..planning.pieces import REDUCERS, layout_sources, layout_targets
+from ..planning.pieces import (REDUCERS, layout_sources, layout_targets, part_limit,
+                               ring_part_limit)
 from ..planning.routing import member_digits, permute_dest, permute_source
 from . import collectives
 from .collectives import allreduce, message, mpi_op, reduce_limit, reduce_scatter
-from .exchange import ONE_CALL_MAX, Exchange, Recv, Send, move, move_once, part_limit
+from .exchange import ONE_CALL_MAX, Exchange, Recv, Send, move, move_once
 from .memory import Region
 from .onebuffer import compact, expand, transpose
 
@@ -57,11 +58,14 @@ __all__ = ["run", "StepRecord", "STEPS"]
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """What one step did on this rank: bytes sent to other ranks, time."""
+    """What one step did on this rank: bytes sent to other ranks, time, and the
+    MPI calls that move data (each collective call, and each point-to-point
+    send or receive posted, counts one)."""
 
     op: str
     bytes_sent: int
     seconds: float
+    calls: int = 0
 
 
 def run(ctx, mem, records=None):
@@ -71,7 +75,7 @@ def run(ctx, mem, records=None):
     MPI failures become :class:`~mpiredist.CommunicationError` naming the step.
     """
     for index, step in enumerate(ctx.plan.steps):
-        t0 = time.perf_counter()
+        t0, calls = time.perf_counter(), ctx.calls
         ctx.current = index
         mem.before(index, step)
         try:
@@ -82,7 +86,8 @@ def run(ctx, mem, records=None):
             ctx.free_types()
         mem.after(index, step)
         if records is not None:
-            records.append(StepRecord(step.op, int(sent), time.perf_counter() - t0))
+            records.append(StepRecord(step.op, int(sent), time.perf_counter() - t0,
+                                      ctx.calls - calls))
     return mem.result()
 
 
@@ -344,8 +349,8 @@ def _swap(ctx, mem, comm, a, length):
         sends.append(Send((k,), p, box, False))
         recvs.append(Recv((k,), p, box, False, False, None))
     room = min(mem.chunk, 2 * (g - 1) * a * length)
-    move(ctx, comm, sends, recvs, slots, slots, part_limit(1, mem.chunk, (a > 1, True)), room,
-         paired=True)
+    move(ctx, comm, sends, recvs, slots, slots, ring_part_limit(1, mem.chunk, (a > 1, True)),
+         room, paired=True)
 
 
 def _reduce_scatter(ctx, mem, index, step):
@@ -387,9 +392,9 @@ def _reduce_scatter(ctx, mem, index, step):
                 packed[at:at + n].reshape(view.shape)[...] = view
                 at += n
         reduce_scatter(ctx, comm, packed, counts, out, op)
-    elif not reduce_by_parts(ctx, comm, region, boxes, Region(out), reducer, send_packs,
-                             reduction_rings(ctx, mem.room)):
-        collectives.reduce_scatter_rounds(ctx, comm, views, out, op)
+    else:
+        reduce_by_parts(ctx, comm, region, boxes, Region(out), reducer, send_packs,
+                        reduction_rings(ctx, mem.room))
     mem.adopt(Region(out))
     return sum(c for m, c in enumerate(counts) if m != me) * ctx.itemsize
 
@@ -418,15 +423,12 @@ def _reduce_scatter_in_place(ctx, mem, step, comm, op, reducer):
     boxes = {m: ((offsets[m],), (c,)) for m, c in enumerate(counts)}
     if sum(counts) <= reduce_limit(ctx):
         reduce_scatter(ctx, comm, flat, counts, None, op)
-    elif reduce_by_parts(ctx, comm, Region(flat), boxes, Region(flat, *boxes[me]), reducer,
-                         False, reduction_rings(ctx, mem.room)):
+    else:
+        reduce_by_parts(ctx, comm, Region(flat), boxes, Region(flat, *boxes[me]), reducer,
+                        False, reduction_rings(ctx, mem.room))
         size = mem.itemsize
         compact(mem.buf, (sum(counts) * size,), (offsets[me] * size,), (counts[me] * size,), 1,
                 mem.chunk)
-    else:                               # rounds: round k writes what rounds 0..k packed
-        collectives.reduce_scatter_rounds(ctx, comm, [flat[offsets[m]:offsets[m] + counts[m]]
-                                                      for m in range(g)],
-                                          flat[:counts[me]], op)
     mem.shape = tuple(counts[me] // max(1, outer * inner) if k == j else n
                       for k, n in enumerate(shape))
     mem.unpad(box_shape(mem.block(step.after)))
@@ -448,14 +450,11 @@ def reduce_by_parts(ctx, comm, source, boxes, target, reducer, send_packs, room)
     member m; what the members send this rank is combined into ``target`` (a
     :class:`Region`) by ``reducer``, this member's own piece first, then
     member me + 1, me + 2, ... (keys ``(p - q) mod g``): the same order on
-    every run and every replica of the group.  Memory: the reduction rings
-    (:func:`reduction_rings`); MPI reduces nothing, so it allocates nothing.
-    ``False`` (nothing done) when the rings cannot hold parts of
-    ``MIN_PART`` bytes: the caller reduces in rounds instead.
+    every run and every replica of the group.  Memory: ``room`` bytes of
+    rings (:func:`reduction_rings`: at least 64 KiB, so parts of at least
+    ``MIN_PART`` fit); MPI reduces nothing, so it allocates nothing.
     """
     limit = part_limit(ctx.itemsize, room, (send_packs, True))
-    if limit == math.inf:
-        return False
     g, me = comm.Get_size(), comm.Get_rank()
     whole = ((0,) * len(target.shape), tuple(target.shape))
     sends = [Send(((me - m) % g,), m, boxes[m], False) for m in range(g)
@@ -463,7 +462,6 @@ def reduce_by_parts(ctx, comm, source, boxes, target, reducer, send_packs, room)
     recvs = [Recv(((m - me) % g,), m, whole, False, m != me, boxes[me] if m == me else None)
              for m in range(g) if math.prod(whole[1])]
     move(ctx, comm, sends, recvs, source, target, limit, room // ctx.itemsize, reducer)
-    return True
 
 
 def _all_reduce(ctx, mem, index, step):
@@ -481,8 +479,10 @@ def _all_reduce(ctx, mem, index, step):
         out = mem.output(src.shape)
     synchronize(src)
     flat, whole = src.reshape(-1), out.reshape(-1)
-    if flat.size <= reduce_limit(ctx) or not _reduce_then_gather(ctx, mem, comm, flat, whole):
+    if flat.size <= reduce_limit(ctx):
         allreduce(ctx, comm, None if out is src else flat, whole, op)
+    else:
+        _reduce_then_gather(ctx, mem, comm, flat, whole)
     mem.adopt(Region(out))
     g = comm.Get_size()
     return 2 * out.size * (g - 1) // g * ctx.itemsize
@@ -492,21 +492,16 @@ def _reduce_then_gather(ctx, mem, comm, flat, whole):
     """All-reduce as slices: member m reduces ``[m n / g, (m + 1) n / g)``
     (:func:`reduce_by_parts`), then every slice is gathered in place.
     ``whole`` may be ``flat`` itself (one buffer): no slice is written before
-    its sends have finished.  False (nothing done) where that does not apply."""
+    its sends have finished."""
     g, me, size = comm.Get_size(), comm.Get_rank(), ctx.itemsize
     n = flat.size
-    if n * size > ctx.count_limit:
-        return False
     bounds = [m * n // g for m in range(g + 1)]
     boxes = {m: ((bounds[m],), (bounds[m + 1] - bounds[m],)) for m in range(g)}
-    if not reduce_by_parts(ctx, comm, Region(flat), boxes, Region(whole, *boxes[me]),
-                           REDUCERS[ctx.plan.src.op], False,
-                           reduction_rings(ctx, mem.room)):
-        return False
+    reduce_by_parts(ctx, comm, Region(flat), boxes, Region(whole, *boxes[me]),
+                    REDUCERS[ctx.plan.src.op], False, reduction_rings(ctx, mem.room))
     collectives.allgather(ctx, comm, None, whole, [(bounds[m + 1] - bounds[m]) * size
                                                    for m in range(g)],
                           [b * size for b in bounds[:-1]])
-    return True
 
 
 def _permute(ctx, mem, index, step):
@@ -536,6 +531,7 @@ def _permute(ctx, mem, index, step):
         out = mem.output(after)
         send = ctx.whole(region)
         synchronize(region.base)
+        ctx.calls += 1
         mc.comm.Sendrecv(send, dest, recvbuf=message(ctx, out, out.size * ctx.itemsize),
                          source=source)
         mem.adopt(Region(out))
@@ -546,6 +542,7 @@ def _permute(ctx, mem, index, step):
         * mem.itemsize
     if not mem.in_block and most <= mem.buf.size:
         mem.to_front()
+        ctx.calls += 1
         mc.comm.Sendrecv(message(ctx, mem.buf, nbytes), dest,
                          recvbuf=message(ctx, mem.buf, recv, nbytes), source=source)
         mem.offset, mem.shape = nbytes, after
@@ -555,7 +552,8 @@ def _permute(ctx, mem, index, step):
     target_bytes = Region(mem.buf[:recv])
     move(ctx, mc.comm, [Send((0,), dest, ((0,), (nbytes,)), False)],
          [Recv((0,), source, ((0,), (recv,)), False, False, None)], source_bytes, target_bytes,
-         part_limit(1, mem.chunk, (False, True)), min(mem.chunk, max(recv, 1)), paired=True)
+         ring_part_limit(1, mem.chunk, (False, True)), min(mem.chunk, max(recv, 1)),
+         paired=True)
     mem.offset, mem.shape = 0, after
     return sent
 

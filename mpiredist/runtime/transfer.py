@@ -46,13 +46,14 @@ from ..planning import planner
 from ..planning.budget import (assess, buffer_bytes, choose, default_workspace,
                                fresh_buffer_fits, reduction_room)
 from ..planning.crossmesh import cross_plan, relabel, route
-from ..planning.pieces import exchange_workspace, layout_sources, layout_targets, parts
+from ..planning.pieces import (exchange_workspace, layout_sources, layout_targets, part_limit,
+                               parts)
 from ..planning.plans import _bytes as format_bytes
 from . import steps
 from .agree import agree, check_together
 from .comm import base_comm, check_size, library_comm, mesh_comm, mpi
 from .context import Context
-from .exchange import Exchange, part_limit
+from .exchange import Exchange
 from .inputs import (NOT_DONATED, array_kind, check_block, check_out, check_workspace,
                      judge_donation, references)
 from .memory import Fresh, OneBuffer

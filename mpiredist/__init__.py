@@ -2,12 +2,14 @@
 
 The package is layered (see ``docs/architecture.md``): ``core`` (meshes,
 layouts, block geometry, errors) and ``planning`` (plans, costs, the memory
-model, the simulator) need only numpy and are imported here, so that a
-first call does not import them; ``runtime`` (communicators, agreement,
-:class:`Transfer`, its steps and the exchange) and ``arrays``
-(:class:`DistArray`, ops, FFT, HDF5) need mpi4py, imported with all they
-use when one of their names is first looked up (``mr.Transfer``,
-``mr.redistribute``...).  ``import mpiredist`` stays free of MPI.
+model, the simulator) need only numpy; ``runtime`` (communicators,
+agreement, :class:`Transfer`, its steps and the exchange) and ``arrays``
+(:class:`DistArray`, ops, FFT, HDF5) need mpi4py.  All of them are
+imported here, so that a first call (``mr.redistribute(...)`` in a fresh
+process) imports nothing inside the memory bound it promises; mpi4py
+itself is imported only by the first call that uses MPI (the runtime
+imports it inside functions), so ``import mpiredist`` stays free of MPI
+and ``python -m mpiredist plan`` runs where mpi4py cannot be imported.
 """
 
 import importlib
@@ -28,10 +30,10 @@ __all__ = ["Mesh", "Layout", "Plan", "Step", "plan", "Transfer", "DistArray", "r
            "DonationWarning",
            "ops", "heat", "fft", "hdf5"]
 
-# public name -> (module, attribute or None for the module itself)
 plan = _planner.plan
 
-_LAZY = {
+# public name -> (module, attribute or None for the module itself), imported below
+_PUBLIC = {
     "Transfer": (".runtime.transfer", "Transfer"),
     "DistArray": (".arrays.distarray", "DistArray"),
     "redistribute": (".arrays.base", "redistribute"),
@@ -43,14 +45,9 @@ _LAZY = {
     "hdf5": (".arrays.hdf5", None),
 }
 
-
-def __getattr__(name):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'mpiredist' has no attribute {name!r}")
-    module, attr = _LAZY[name]
-    found = importlib.import_module(module, __name__)
-    return found if attr is None else getattr(found, attr)
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+# Dynamic imports: these modules import mpi4py only inside the functions that
+# use MPI, and import-linter checks that no static import path leads here.
+for _name, (_module, _attr) in _PUBLIC.items():
+    _found = importlib.import_module(_module, __name__)
+    globals()[_name] = _found if _attr is None else getattr(_found, _attr)
+del _name, _module, _attr, _found

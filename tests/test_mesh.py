@@ -109,13 +109,15 @@ def test_hash_eq_and_immutability():
         a._axes = ()
 
 
-def test_comm_does_not_change_equality():
-    sentinel = object()
+def test_equality_includes_the_communicator():
+    sentinel, other = object(), object()
     m = Mesh("x=2", comm=sentinel)
     assert m.comm is sentinel
-    assert m == Mesh("x=2")
+    assert m == Mesh("x=2", comm=sentinel) and m != Mesh("x=2", comm=other)
+    assert m != Mesh("x=2") and m.abstract() == Mesh("x=2")
+    assert hash(m) == hash(Mesh("x=2"))         # communicators are not hashable
     assert m.abstract().comm is None
-    assert Mesh("x=2").with_comm(sentinel).comm is sentinel
+    assert Mesh("x=2").with_comm(sentinel) == m
 
 
 def test_empty_mesh_has_one_rank():

@@ -240,11 +240,14 @@ class Mesh:
         return r
 
     def __eq__(self, other):
+        """Equal axes, ranks and communicator (the same handle; ``None``, the
+        default ``COMM_WORLD``, equals only ``None``).  Planning uses
+        :meth:`abstract` meshes, which have none."""
         return isinstance(other, Mesh) and self._axes == other._axes \
-            and self._ranks == other._ranks
+            and self._ranks == other._ranks and _same_comm(self._comm, other._comm)
 
     def __hash__(self):
-        return hash(("Mesh", self._axes, self._ranks))
+        return hash(("Mesh", self._axes, self._ranks))      # communicators are unhashable
 
     def __repr__(self):
         if self._ranks is None:
@@ -257,6 +260,13 @@ class Mesh:
         if self._ranks is None:
             return text
         return f"{text}@auto" if self.auto else f"{text}@{format_ranks(self._ranks)}"
+
+
+def _same_comm(a, b):
+    """True if ``a`` and ``b`` are the same communicator (mpi4py compares handles)."""
+    if a is None or b is None:
+        return a is b
+    return a is b or a == b
 
 
 def _parse_ranks(ranks, size):

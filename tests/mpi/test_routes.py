@@ -1,0 +1,146 @@
+"""The same bad input raises the same exception on every route and every rank.
+
+    timeout 300 mpiexec -n N python -m pytest -q --with-mpi tests/mpi/test_routes.py
+
+Routes: ``redistribute`` on one mesh and between meshes, ``Transfer`` (made,
+then run) on one mesh and between meshes, ``DistArray.redistribute`` on its
+mesh and to another, and the HeAT-style ``resplit``.  For each mistake every
+route raises the same class, every rank the same message, and ranks not at
+fault the matching :class:`~mpiredist.RemoteError` subclass; a correct call
+works afterwards (nobody is left in a collective).
+"""
+
+import numpy as np
+import pytest
+from helpers import all_ok
+
+MPI = pytest.importorskip("mpi4py.MPI")
+
+import mpiredist as mr  # noqa: E402
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+MESH = mr.Mesh({"x": SIZE})
+OTHER = mr.Mesh({"a": SIZE}, ranks=list(reversed(range(SIZE))))
+SHAPE = (2 * SIZE + 1, 3)
+SRC = "[{x}, {}]"
+
+
+def _block(shape=SHAPE):
+    g = np.arange(int(np.prod(shape)), dtype="float32").reshape(shape)
+    return mr.DistArray.from_global(g, MESH, SRC)
+
+
+def _routes(dst, dst_other, **kw):
+    """``{route: zero-argument call}`` of one redistribution with ``kw``."""
+    a = _block()
+    local = a.local.copy()
+    strategy = kw.get("strategy", "collectives")
+    w = kw.get("workspace_bytes")
+    return {
+        "redistribute": lambda: mr.redistribute(local, SHAPE, MESH, SRC, dst, **kw),
+        "redistribute between meshes": lambda: mr.redistribute(
+            local, SHAPE, MESH, SRC, dst_other, dst_mesh=OTHER, **kw),
+        "Transfer": lambda: mr.Transfer(SHAPE, "float32", MESH, SRC, dst, strategy=strategy,
+                                        workspace_bytes=w).run(local),
+        "Transfer between meshes": lambda: mr.Transfer(
+            SHAPE, "float32", MESH, SRC, dst_other, strategy=strategy, workspace_bytes=w,
+            dst_mesh=OTHER).run(local),
+        "DistArray.redistribute": lambda: a.redistribute(dst, **kw),
+        "DistArray.redistribute to a mesh": lambda: a.redistribute(dst_other, mesh=OTHER, **kw),
+    }
+
+
+def _outcome(call):
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - judged below, on every rank
+        return exc
+    return None
+
+
+def _same_everywhere(routes, expected, text, culprit=None):
+    """Every route raises ``expected`` naming ``text``, with one message per route
+    on every rank (RemoteError where this rank is not the ``culprit``)."""
+    bad = []
+    for name, call in routes.items():
+        err = _outcome(call)
+        ok = isinstance(err, expected) and text in str(err)
+        if culprit is not None:
+            ok = ok and isinstance(err, mr.RemoteError) == (RANK != culprit)
+        messages = COMM.allgather(None if err is None else str(err))
+        if not ok or len(set(messages)) != 1:
+            bad.append(f"{name}: rank {RANK} raised {type(err).__name__}: {err}")
+    all_ok(COMM, not bad, "; ".join(bad[:3]))
+
+
+def _still_works():
+    out = mr.redistribute(_block().local, SHAPE, MESH, SRC, "[{}, {x}]")
+    all_ok(COMM, out.shape[0] == SHAPE[0], "a correct call after the errors")
+
+
+@pytest.mark.mpi
+def test_unknown_strategy():
+    _same_everywhere(_routes("[{}, {x}]", "[{}, {a}]", strategy="teleport"), mr.PlanError,
+                     "strategy 'teleport' is not one of")
+    _still_works()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("w, text", [(-1, "workspace_bytes must be non-negative, found -1"),
+                                     ("lots", "workspace_bytes must be an integer")])
+def test_bad_workspace(w, text):
+    routes = _routes("[{}, {x}]", "[{}, {a}]", workspace_bytes=w)
+    _same_everywhere(routes, mr.ShapeError, text)
+    err = _outcome(routes["redistribute"])
+    all_ok(COMM, "rank" not in str(err), f"an argument of every rank names no rank: {err}")
+    _still_works()
+
+
+@pytest.mark.mpi
+def test_unknown_axis_in_the_target():
+    _same_everywhere(_routes("[{}, {q}]", "[{}, {q}]"), mr.LayoutError, "'q'")
+    _still_works()
+
+
+@pytest.mark.mpi
+def test_malformed_target_text():
+    _same_everywhere(_routes("[{x}, {}", "[{a}, {}"), mr.LayoutError, "layout")
+    _still_works()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bad_target_on_rank_0_only():
+    """Rank 0 alone names an axis the mesh lacks: everywhere "rank 0: ..."."""
+    dst, other = ("[{}, {q}]", "[{}, {q}]") if RANK == 0 else ("[{}, {x}]", "[{}, {a}]")
+    _same_everywhere(_routes(dst, other), mr.LayoutError, "rank 0: ", culprit=0)
+    _still_works()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_wrong_block_on_the_last_rank_only():
+    """The last rank's block has a wrong shape: every route but the DistArray's
+    (whose blocks are its own) says so on every rank, naming that rank."""
+    bad = SIZE - 1
+    a = _block()
+    local = a.local.copy() if RANK != bad else np.zeros((1, 1), "float32")
+    routes = {
+        "redistribute": lambda: mr.redistribute(local, SHAPE, MESH, SRC, "[{}, {x}]"),
+        "redistribute between meshes": lambda: mr.redistribute(
+            local, SHAPE, MESH, SRC, "[{}, {a}]", dst_mesh=OTHER),
+        "Transfer": lambda: mr.Transfer(SHAPE, "float32", MESH, SRC, "[{}, {x}]").run(local),
+        "Transfer between meshes": lambda: mr.Transfer(
+            SHAPE, "float32", MESH, SRC, "[{}, {a}]", dst_mesh=OTHER).run(local),
+    }
+    _same_everywhere(routes, mr.ShapeError, f"rank {bad}: local block has shape", culprit=bad)
+    _still_works()
+
+
+@pytest.mark.mpi
+def test_resplit_of_an_axis_out_of_range():
+    """The analytics route: HeAT's resplit names the axis on every rank."""
+    a = _block()
+    err = _outcome(lambda: mr.heat.resplit(a, 5))
+    all_ok(COMM, isinstance(err, ValueError) and "5" in str(err)
+           and len(set(COMM.allgather(str(err)))) == 1, f"resplit(a, 5): {err!r}")
+    _still_works()

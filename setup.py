@@ -12,7 +12,7 @@ numpy 1.21.2 (the oldest with Python 3.10 wheels; the same suites pass),
 tabulate 0.9 and tqdm 4.62 (bench tables and progress), import-linter
 2.12 (the contracts in pyproject.toml).  numpy 2.5 makes
 ``ndarray.resize`` a new allocation and copy; there a donated block is
-never resized (mpiredist.runtime.donation.resize_in_place), only reused
+never resized (mpiredist.runtime.inputs.resize_in_place), only reused
 when it is large enough.
 """
 

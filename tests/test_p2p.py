@@ -154,7 +154,7 @@ def _messages(rng, n):
 
 
 def _sequence(rank, n, messages, side):
-    """Parts in the order of (part index, peer offset), as packing.move orders them."""
+    """Parts in the order of (part index, peer offset), as the exchange engine orders them."""
     keyed = []
     for k in range(1, n):
         peer = (rank + k) % n if side == "send" else (rank - k) % n

@@ -46,14 +46,18 @@ def exchanges(draw):
     return mesh, shape, layout(), layout()
 
 
-@settings(max_examples=400, deadline=None)
-@given(exchanges())
-def test_pieces_tile_every_target_and_match_their_sends(case):
+def _model(case):
+    """``(ranks, sources, targets, holders)`` of an exchange between two layouts."""
     mesh, shape, src, dst = case
     n = mesh.size
     sources = layout_sources(shape, mesh, src, n)
-    targets = layout_targets(shape, mesh, dst, n, keep_classes=True)
-    holders = Holders(sources)
+    return n, sources, layout_targets(shape, mesh, dst, n, keep_classes=True), Holders(sources)
+
+
+@settings(max_examples=400, deadline=None)
+@given(exchanges())
+def test_pieces_tile_every_target_and_match_their_sends(case):
+    n, sources, targets, holders = _model(case)
     sent = {(p, x.peer, x.box, x.cls) for p in range(n)
             for x in send_pieces(p, sources, targets, holders)}
     got = set()
@@ -78,10 +82,7 @@ def test_pieces_tile_every_target_and_match_their_sends(case):
 @given(exchanges())
 def test_planner_prices_the_exchange_the_model_runs(case):
     mesh, shape, src, dst = case
-    n = mesh.size
-    sources = layout_sources(shape, mesh, src, n)
-    targets = layout_targets(shape, mesh, dst, n, keep_classes=True)
-    holders = Holders(sources)
+    n, sources, targets, holders = _model(case)
     most_sent = max(sum(box_size(x.box) for x in send_pieces(p, sources, targets, holders)
                         if x.peer != p) for p in range(n))
     most_recv = max(sum(box_size(x.box) for x in recv_pieces(q, sources, targets, holders)

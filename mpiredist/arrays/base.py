@@ -196,7 +196,7 @@ class DistArrayBase:
             :func:`redistribute`).
         strategy : {"collectives", "replicate", "direct"}
         records : list, optional
-            Receives one :class:`~mpiredist.runtime.context.StepRecord` per step.
+            Receives one :class:`~mpiredist.runtime.steps.StepRecord` per step.
         workspace_bytes : int, optional
             Budget W for temporary buffers (see :func:`redistribute`).
         """

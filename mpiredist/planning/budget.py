@@ -85,7 +85,7 @@ def buffer_bytes(plan):
 def reduction_room(workspace):
     """Bytes one reduction call may carry (MPI allocates about as much inside
     it): half the workspace, at least 64 KiB.  Larger reductions go by parts
-    (:mod:`mpiredist.runtime.executor`)."""
+    (:func:`mpiredist.runtime.steps.reduce_by_parts`)."""
     return max(1 << 16, workspace // 2)
 
 

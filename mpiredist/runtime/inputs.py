@@ -8,7 +8,7 @@ Every property of a caller's array that could change which MPI calls run —
 the array library, and for a donated block whether its memory may become
 the working buffer — is turned into a few flags here; the Transfer then
 agrees on them across ranks in one collective
-(:func:`mpiredist.runtime.agree.agree_flags`), so every rank takes the same
+(:func:`mpiredist.runtime.agree.agree`), so every rank takes the same
 path.  Problems with the arrays themselves (wrong shape or dtype, an ``out``
 that cannot hold the result) become an exception object, raised on every
 rank by the same collective.

@@ -7,7 +7,7 @@ when asked for (``MPIREDIST_LARGE=1``, see tests/mpi/conftest.py):
 
 Open MPI 5 has no MPI-4 large-count calls: there an all-gather of
 2**31 + 64 bytes per rank failed with MPI_ERR_ARG before mpiredist split
-its counts (mpiredist.runtime.counts).
+its counts (mpiredist.runtime.collectives).
 """
 
 import warnings

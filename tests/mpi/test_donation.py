@@ -150,6 +150,11 @@ def test_exclusive_blocks_are_donated_and_may_grow():
         warnings.simplefilter("error", mr.DonationWarning)   # honoured: no warning
         out = mr.redistribute(local, shape, MESH, SRC, "[{}, {}]", donate=True)
     all_array_equal(COMM, out, g, "result")
+    # the donated memory was used: the result lives in it (grown by realloc), or it
+    # was given back (a new buffer took the live data); a silent copy does neither
+    all_ok(COMM, local.size == 0 or np.shares_memory(out, local),
+           f"the donated block ({local.size} elements) is neither the result's memory "
+           "nor released")
 
 
 @pytest.mark.mpi

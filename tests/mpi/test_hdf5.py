@@ -20,6 +20,7 @@ h5py = pytest.importorskip("h5py")
 MPI = pytest.importorskip("mpi4py.MPI")
 
 from helpers import all_ok  # noqa: E402  (tests/mpi/helpers.py)
+import oracle  # noqa: E402
 from mpiredist import Layout, Mesh  # noqa: E402
 from mpiredist.arrays import hdf5  # noqa: E402
 from mpiredist.core.errors import (LayoutError, MeshError, MismatchError,  # noqa: E402
@@ -79,8 +80,9 @@ def global_array(shape, dtype="float32"):
 
 
 def block_of(g, mesh, layout):
-    slices = tuple(slice(a, b) for a, b in hdf5._block(g.shape, mesh, Layout.parse(layout), RANK))
-    return g[slices]
+    """This rank's block of ``g`` by the independent oracle (tests/oracle.py)."""
+    dims = [list(d) for d in Layout.parse(layout).dims]
+    return g[oracle.block_slices(g.shape, list(mesh.axes), dims, RANK)]
 
 
 def whole_file(path, dataset):

@@ -14,8 +14,9 @@ and ``python -m mpiredist plan`` runs where mpi4py cannot be imported.
 
 import importlib
 
-from .core.errors import (BudgetWarning, CommunicationError, DonationWarning, LayoutError,
-                          MeshError, MismatchError, MpiredistError, PlanError, RemoteError, ShapeError)
+from .core.errors import (BudgetWarning, ClosedError, CommunicationError, DonationWarning,
+                          LayoutError, MemoryBudgetError, MeshError, MismatchError,
+                          MpiredistError, PlanError, RemoteError, ShapeError)
 from .core.layout import Layout
 from .core.mesh import Mesh
 from .planning import planner as _planner
@@ -26,8 +27,8 @@ __version__ = "0.2.0"
 __all__ = ["Mesh", "Layout", "Plan", "Step", "plan", "Transfer", "DistArray", "redistribute",
            "matmul", "concatenate",
            "MpiredistError", "LayoutError", "MeshError", "ShapeError", "PlanError",
-           "MismatchError", "RemoteError", "CommunicationError", "BudgetWarning",
-           "DonationWarning",
+           "MismatchError", "RemoteError", "CommunicationError", "MemoryBudgetError",
+           "ClosedError", "BudgetWarning", "DonationWarning",
            "ops", "heat", "fft", "hdf5"]
 
 plan = _planner.plan

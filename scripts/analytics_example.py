@@ -19,6 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpiredist as mr
+from mpiredist.runtime.failure import abort_on_exception
 from mpiredist.arrays.distarray import DistArray
 
 
@@ -81,4 +82,4 @@ def main():
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(abort_on_exception(main))   # a failure on any rank ends the job

@@ -33,6 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if os.path.dirname(HERE) not in sys.path:   # run from a checkout without install
     sys.path.insert(0, os.path.dirname(HERE))
 
+from mpiredist.runtime.failure import abort_on_exception
 from mpiredist import Mesh, ops  # noqa: E402
 from mpiredist.core.blocks import interval  # noqa: E402
 from mpiredist.arrays.distarray import DistArray  # noqa: E402
@@ -236,4 +237,4 @@ def main(argv=None, comm=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(abort_on_exception(main))   # a failure on any rank ends the job

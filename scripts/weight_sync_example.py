@@ -18,6 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpiredist as mr
+from mpiredist.runtime.failure import abort_on_exception
 
 LAYERS = {"wq": (1024, 1024), "w_up": (1024, 4096), "w_down": (4096, 1024)}
 
@@ -70,4 +71,4 @@ def main(comm=MPI.COMM_WORLD):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(abort_on_exception(main))   # a failure on any rank ends the job

@@ -15,6 +15,7 @@ from ..planning.pieces import Target, box_sources, exchange_workspace, layout_so
 from ..runtime.comm import base_comm, library_comm
 from ..runtime.context import Context
 from ..runtime.exchange import Exchange
+from ..runtime.failure import guard
 
 __all__ = ["exchange_into", "source_entries", "shifted"]
 
@@ -43,10 +44,11 @@ def exchange_into(mesh, dtype, src, dst, local, out, op="sum", workspace=None, w
     targets = [None if b is None else Target(b, None) for b in dst]
     if workspace is None:
         workspace = exchange_workspace(sources, targets, dtype.itemsize)
-    ctx = Context(library_comm(base_comm(mesh)), dtype)
+    base = base_comm(mesh)
+    ctx = Context(library_comm(base), dtype)
     try:
         ex = Exchange(ctx, sources, targets, workspace, op, views=not whole)
-        ex.run(local, out)
+        guard(base, "an exchange of the array operations", ex.run, local, out)
         return ex.bytes_sent
     finally:
         ctx.free()

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 
+from ..runtime.failure import abort_on_exception
 from ..cli import parse_shape
 from ..core.errors import MpiredistError, PlanError, ShapeError
 from ..core.layout import Layout
@@ -324,4 +325,4 @@ def _skipped_lines(skipped):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(abort_on_exception(main))   # a failure on any rank ends the job

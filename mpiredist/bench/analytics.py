@@ -36,6 +36,8 @@ import time
 
 import numpy as np
 
+from ..runtime.failure import abort_on_exception
+
 __all__ = ["SHAPE", "counting", "cases", "measure", "main"]
 
 SHAPE = (4099, 1001)
@@ -217,4 +219,4 @@ def main(argv=None, comm=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(abort_on_exception(main))   # a failure on any rank ends the job

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..runtime.failure import abort_on_exception
 from .timing import slowest_median
 
 __all__ = ["main", "measure", "calibrate_run", "calibrate_arguments"]
@@ -191,7 +192,15 @@ def calibrate_arguments(p, default):
 
 
 def calibrate_run(args, comm=None):
-    """Measure and write the profile; print its figures on rank 0.  Exit status."""
+    """Measure and write the profile; print its figures on rank 0.  Exit status.
+
+    An uncaught exception on any rank aborts the job (``python -m mpiredist
+    calibrate`` and ``python -m mpiredist.bench.calibrate`` alike).
+    """
+    return abort_on_exception(_calibrate, args, comm)
+
+
+def _calibrate(args, comm):
     from ..planning.profile import Profile, default_path
     from ..runtime.comm import mpi
 
@@ -219,4 +228,4 @@ def main(argv=None, comm=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(abort_on_exception(main))   # a failure on any rank ends the job

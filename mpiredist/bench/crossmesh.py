@@ -76,6 +76,7 @@ from importlib import resources
 
 import numpy as np
 
+from ..runtime.failure import abort_on_exception
 from ..core.blocks import sub_index
 from ..planning.pieces import layout_boxes
 
@@ -719,4 +720,4 @@ def main(argv=None, comm=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(abort_on_exception(main))   # a failure on any rank ends the job

@@ -45,6 +45,7 @@ import time
 
 import numpy as np
 
+from ..runtime.failure import abort_on_exception
 from .timing import slowest_median
 
 __all__ = ["Floors", "main"]
@@ -224,4 +225,4 @@ def main(argv=None, comm=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(abort_on_exception(main))   # a failure on any rank ends the job

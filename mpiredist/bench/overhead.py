@@ -30,6 +30,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..runtime.failure import abort_on_exception
+
 __all__ = ["shrink", "measure", "main"]
 
 KINDS = ("raw", "run", "unchecked", "redistribute")
@@ -148,4 +150,4 @@ def main(argv=None, comm=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(abort_on_exception(main))   # a failure on any rank ends the job

@@ -14,6 +14,8 @@ __all__ = [
     "MismatchError",
     "RemoteError",
     "CommunicationError",
+    "MemoryBudgetError",
+    "ClosedError",
     "BudgetWarning",
     "DonationWarning",
     "remote",
@@ -60,6 +62,15 @@ class CommunicationError(MpiredistError, RuntimeError):
     """An MPI call failed while a plan step was running."""
 
 
+class MemoryBudgetError(MpiredistError, MemoryError):
+    """A call's memory bound does not fit what a rank can use; raised on every
+    rank before any data moves."""
+
+
+class ClosedError(MpiredistError, ValueError):
+    """A Transfer was used after :meth:`~mpiredist.Transfer.free`."""
+
+
 class RemoteLayoutError(RemoteError, LayoutError):
     """A :class:`LayoutError` found on another rank."""
 
@@ -80,9 +91,18 @@ class RemoteMismatchError(RemoteError, MismatchError):
     """A :class:`MismatchError` found on another rank."""
 
 
+class RemoteMemoryBudgetError(RemoteError, MemoryBudgetError):
+    """A :class:`MemoryBudgetError` found on another rank."""
+
+
+class RemoteClosedError(RemoteError, ClosedError):
+    """A :class:`ClosedError` found on another rank."""
+
+
 _REMOTE = {"LayoutError": RemoteLayoutError, "MeshError": RemoteMeshError,
            "ShapeError": RemoteShapeError, "PlanError": RemotePlanError,
-           "MismatchError": RemoteMismatchError}
+           "MismatchError": RemoteMismatchError, "MemoryBudgetError": RemoteMemoryBudgetError,
+           "ClosedError": RemoteClosedError}
 
 
 def remote(name, message, rank):

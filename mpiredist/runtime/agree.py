@@ -21,6 +21,7 @@ arguments on one rank) meet in one Allreduce and raise
 """
 
 import hashlib
+import re
 
 import numpy as np
 
@@ -96,9 +97,14 @@ def _raise(gathered, error, what, rank):
         first, (name, message) = bad[0]
         if len(bad) < len(gathered) and not message.startswith(f"rank {first}"):
             message = f"rank {first}: {message}"
-        others = sum(1 for _, t in bad[1:] if t != bad[0][1])
-        if others:
-            message += f" (and {others} more rank(s) with other problems)"
+        if len(bad) < len(gathered) or any(t != bad[0][1] for _, t in bad):
+            alike = [r for r, t in bad[1:] if _problem(t) == _problem(bad[0][1])]
+            others = len(bad) - 1 - len(alike)
+            if alike:
+                shown = ", ".join(map(str, alike[:8])) + (", ..." if len(alike) > 8 else "")
+                message += f" (also on rank(s) {shown})"
+            if others:
+                message += f" (and {others} more rank(s) with other problems)"
         if error is not None and (type(error).__name__, str(error)) == (name, message):
             raise error
         if rank == first:
@@ -113,6 +119,13 @@ def _raise(gathered, error, what, rank):
                                     f"{ref.get(key)}, rank {r} has {vals.get(key)}")
     found = ", ".join(f"rank {r}: {c}" for r, (_, c, _) in enumerate(gathered))
     raise MismatchError(f"{what}: ranks are in different calls ({found})")
+
+
+def _problem(text):
+    """``(class, message)`` with its numbers blanked: the same problem on two
+    ranks (their ranks, their shapes) reads the same."""
+    name, message = text
+    return name, re.sub(r"\d+", "#", message)
 
 
 def _again(error, message):

@@ -10,8 +10,8 @@ index over the group (first sub-axis major).
 from ..core.errors import MeshError
 from ..core.subaxes import rank_digits
 
-__all__ = ["MeshComm", "mpi", "mesh_comm", "library_comm", "transfer_cache", "check_size",
-           "base_comm", "free_all"]
+__all__ = ["MeshComm", "mpi", "mesh_comm", "library_comm", "node_comm", "transfer_cache",
+           "check_size", "base_comm", "free_all"]
 
 
 def mpi():
@@ -101,7 +101,7 @@ def _on_free(comm, keyval, cache):
     for t in cache.pop(TRANSFERS, {}).values():
         t.free()
     for key, mc in cache.items():
-        if key == LIBRARY:
+        if key in (LIBRARY, NODE):
             mc.Free()
         elif mc.comm is not None:
             mc.free()
@@ -139,6 +139,20 @@ def library_comm(base):
     found = cache.get(LIBRARY)
     if found is None:
         found = cache[LIBRARY] = base.Dup()
+    return found
+
+
+NODE = "node"          # the cache key of node_comm's communicator
+
+
+def node_comm(base):
+    """The ranks of ``base`` that share this rank's node (``Split_type`` with
+    ``COMM_TYPE_SHARED``; collective on first use, then cached, freed with
+    ``base``)."""
+    cache = _cache(base)
+    found = cache.get(NODE)
+    if found is None:
+        found = cache[NODE] = base.Split_type(mpi().COMM_TYPE_SHARED)
     return found
 
 

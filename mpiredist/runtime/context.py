@@ -17,6 +17,7 @@ import numpy as np
 from ..core.backend import c_contiguous
 from .comm import mpi
 from .collectives import count_limit
+from .failure import fault
 
 __all__ = ["Context"]
 
@@ -49,6 +50,7 @@ class Context:
         self.reduce_room = 1 << 62  # bytes a reduction call may carry (set from W)
         self.routes = {}        # per-step geometry, computed on the first run
         self.calls = 0          # MPI calls that moved data (see StepRecord)
+        self.fault = fault(comm.Get_rank())     # tests only (runtime.failure)
 
     def __repr__(self):
         return f"Context({self.dtype}, plan={self.plan is not None}, routes={len(self.routes)})"

@@ -32,6 +32,7 @@ from collections import namedtuple
 
 from ..core.backend import array_module, c_contiguous, synchronize
 from ..core.blocks import box_shape, contiguous_box, flat_offset
+from ..planning.budget import MARGIN
 from ..planning.pieces import (Holders, REDUCERS, iter_parts, part_limit, recv_pieces,
                                send_pieces)
 from . import p2p
@@ -252,7 +253,10 @@ def _offsets(counts):
 
 def _index(box):
     """The index of a box (a view, also of a 0-d array)."""
-    return tuple(slice(s, s + k) for s, k in zip(*box)) + (Ellipsis,)
+    starts, shape = box
+    if not shape:
+        return (Ellipsis,)
+    return tuple(slice(s, s + k) for s, k in zip(starts, shape))
 
 
 def _shift(piece, part):
@@ -279,9 +283,9 @@ class Exchange:
         Every rank's ``local`` and ``out`` may be views of larger arrays:
         no piece goes whole (every rank must pass the same).
 
-    Memory: the caller's target block, plus rings of at most W / 2 a side
-    (the rest of W is for what else the call allocates where only one side
-    packs).  Nothing here communicates but :meth:`run`.
+    Memory: the caller's target block, plus rings of at most half of W a
+    side, less a margin (a quarter of W, at most ``budget.MARGIN``) for what
+    else the call allocates.  Nothing here communicates but :meth:`run`.
     """
 
     def __init__(self, ctx, sources, targets, workspace, op="sum", views=False, rank=None):
@@ -307,8 +311,11 @@ class Exchange:
         if limit == math.inf:                   # a tiny W: parts of a ring each
             limit = max(1, workspace // 2 // ctx.itemsize)
         self.limit = limit
-        # elements of both rings: W, and a part each where combining needs the ring
-        self.room = max(workspace // ctx.itemsize, 2 * limit if self.combines else 0)
+        # elements of both rings: W less a margin for what else a call allocates
+        # (its lists, requests and datatypes), and a part each where combining
+        # needs the ring
+        rings = workspace - min(workspace // 4, MARGIN)
+        self.room = max(rings // ctx.itemsize, 2 * limit if self.combines else 0)
         self.bytes_sent = sum(math.prod(s.box[1]) for s in self.sends if s.peer != me) \
             * ctx.itemsize
 

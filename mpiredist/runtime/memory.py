@@ -52,8 +52,9 @@ class Region:
 
     def view(self):
         """The box as a view of the base (0-d too)."""
-        return self.base[tuple(slice(s, s + n) for s, n in zip(self.starts, self.shape))
-                         + (Ellipsis,)]
+        if not self.shape:
+            return self.base[...]
+        return self.base[tuple(slice(s, s + n) for s, n in zip(self.starts, self.shape))]
 
     def sub(self, starts, shape):
         """The box at ``starts`` (relative to this one) of ``shape``."""

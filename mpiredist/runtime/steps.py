@@ -50,6 +50,7 @@ from ..planning.routing import member_digits, permute_dest, permute_source
 from . import collectives
 from .collectives import allreduce, message, mpi_op, reduce_limit, reduce_scatter
 from .exchange import ONE_CALL_MAX, Exchange, Recv, Send, move, move_once
+from .failure import inject
 from .memory import Region
 from .onebuffer import compact, expand, transpose
 
@@ -77,11 +78,17 @@ def run(ctx, mem, records=None):
     for index, step in enumerate(ctx.plan.steps):
         t0, calls = time.perf_counter(), ctx.calls
         ctx.current = index
-        mem.before(index, step)
         try:
+            inject(ctx.fault, index)
+            mem.before(index, step)
             sent = STEPS[step.op](ctx, mem, index, step)
         except ctx.MPI.Exception as exc:
-            raise CommunicationError(f"MPI failed in step {index} ({step}): {exc}") from exc
+            error = CommunicationError(f"MPI failed in step {index} ({step}): {exc}")
+            error.mpiredist_step = f"{index} ({step})"
+            raise error from exc
+        except BaseException as exc:
+            exc.mpiredist_step = f"{index} ({step})"    # named if the job aborts
+            raise
         finally:
             ctx.free_types()
         mem.after(index, step)

@@ -39,7 +39,8 @@ import numpy as np
 
 from ..core.backend import array_module, c_contiguous
 from ..core.blocks import box_shape, rank_block
-from ..core.errors import BudgetWarning, DonationWarning, MeshError, PlanError, ShapeError
+from ..core.errors import (BudgetWarning, ClosedError, DonationWarning, MemoryBudgetError,
+                           MeshError, MpiredistError, PlanError, ShapeError)
 from ..core.mesh import Mesh
 from ..core.subaxes import expand, rank_digits
 from ..planning import planner
@@ -51,12 +52,14 @@ from ..planning.pieces import (exchange_workspace, layout_sources, layout_target
 from ..planning.plans import _bytes as format_bytes
 from . import steps
 from .agree import agree, check_together
-from .comm import base_comm, check_size, library_comm, mesh_comm, mpi
+from .comm import base_comm, check_size, library_comm, mesh_comm, mpi, node_comm
 from .context import Context
 from .exchange import Exchange
 from .inputs import (NOT_DONATED, array_kind, check_block, check_out, check_workspace,
                      judge_donation, references)
+from .failure import guard
 from .memory import Fresh, OneBuffer
+from .resources import Resources
 
 __all__ = ["Transfer", "MeshTransfer", "CrossTransfer", "Variant", "crossing"]
 
@@ -219,13 +222,18 @@ class Transfer:
         if not self._checked:
             return self._run_unchecked(local, out, records)
         extra = references(local) - forwarded       # beyond the caller's own name
-        error, kind, verdict = None, "numpy", NOT_DONATED
+        error, kind, verdict, fits = None, "numpy", NOT_DONATED, True
         try:
-            kind, verdict = self._inputs(local, out, extra)
-        except ValueError as exc:
+            self._open(local)
+            kind, verdict, fits = self._inputs(local, out, extra)
+        except (ValueError, MpiredistError) as exc:
             error = exc
         flags = agree(self._base, "Transfer.run", error, dict(self._identity, kind=kind),
-                      {"donate": verdict.usable})
+                      {"donate": verdict.usable, "fits": fits})
+        if self._donate and not flags["donate"] and not flags["fits"]:
+            raise MemoryBudgetError(
+                f"{self!r}: a donation was not honoured on some rank, and the run that "
+                "copies instead does not fit the memory of every rank")
         return self._execute(local, out, kind, flags["donate"], verdict, records)
 
     def explain(self):
@@ -233,8 +241,20 @@ class Transfer:
         raise NotImplementedError
 
     def free(self):
-        """Release this Transfer's datatypes and kept buffers (local, no communication)."""
-        raise NotImplementedError
+        """Release this Transfer's datatypes and kept buffers (local, no communication).
+
+        A run after it raises :class:`~mpiredist.ClosedError` on every rank;
+        after ``MPI.Finalize`` it releases only Python objects.
+        """
+        if not getattr(self, "_freed", False):
+            self._freed = True
+            if not mpi().Is_finalized():
+                self._release()
+
+    def _open(self, local):
+        if getattr(self, "_freed", False):
+            raise ClosedError(f"rank {self._base.Get_rank()}: {self!r} was freed; make a "
+                              "new Transfer")
 
     def __enter__(self):
         return self
@@ -294,6 +314,7 @@ class MeshTransfer(Transfer):
             self._choices[Variant.GIVEN] = choose(plan, True, self._workspace, False,
                                                   _replanner(plan))
         self._contexts, self._kept = {}, {}
+        self._resources = Resources(node_comm(self._base).Get_size())
         self._identity = _identity(mesh=mesh, shape=plan.global_shape, dtype=plan.dtype,
                                    src=plan.src, dst=plan.dst, strategy=plan.strategy,
                                    donate=donate, workspace=workspace, checked=checked)
@@ -332,11 +353,18 @@ class MeshTransfer(Transfer):
         if out is not None:
             check_out(out, local, self.target_shape, self._plan.dtype, rank)
         verdict = NOT_DONATED
+        kept = self._choices[Variant.KEPT].budget.limit
+        found = self._resources.available()
+        fits = Resources.fits(kept, found)
         if self._donate:
             given = self._choices[Variant.GIVEN]
             verdict = judge_donation(local, extra, buffer_bytes(given.plan),
                                      fresh_buffer_fits(given.plan, self._workspace))
-        return array_kind(local), verdict
+        if verdict.usable:
+            self._resources.check(given.budget.limit, rank, f"{self!r} (donated)", found)
+        else:
+            self._resources.check(kept, rank, repr(self), found)
+        return array_kind(local), verdict, fits
 
     def _run_unchecked(self, local, out, records):
         """A run without the agreement (``checked=False``).
@@ -346,13 +374,15 @@ class MeshTransfer(Transfer):
         other ranks cannot know: their results are undefined then.
         """
         try:
+            self._open(local)
             self._inputs(local, out, 0)
             if array_kind(local) != "numpy":    # the path must not depend on this rank's array
                 raise ShapeError(f"rank {self._mc.rank}: checked=False runs take numpy "
                                  f"blocks, found a {array_kind(local)} array")
-        except ValueError as exc:
-            self._execute(np.zeros(self.source_shape, self._plan.dtype), None, "numpy", False,
-                          NOT_DONATED, None)
+        except (ValueError, MpiredistError) as exc:
+            if not getattr(self, "_freed", False):
+                self._execute(np.zeros(self.source_shape, self._plan.dtype), None, "numpy",
+                              False, NOT_DONATED, None)
             raise exc
         return self._execute(local, out, "numpy", False, NOT_DONATED, records)
 
@@ -362,19 +392,22 @@ class MeshTransfer(Transfer):
         if self._donate and variant is not Variant.GIVEN:
             self._warn_donation(verdict.why)
         choice, ctx = self._program(variant, local)
-        if not choice.inplace:
-            ctx.pool = self._kept.setdefault(variant, {}) if out is not None else None
-            mem = Fresh(ctx, local, out, choice.slack)
-        else:
-            buffer = None
-            if out is not None and variant is Variant.KEPT:
-                buffer = self._kept.get("buffer")
-                if buffer is None:
-                    buffer = self._kept["buffer"] = np.empty(buffer_bytes(choice.plan),
-                                                             dtype=np.uint8)
-            mem = OneBuffer(ctx, local, variant is Variant.GIVEN, choice.budget.workspace,
-                            buffer, verdict.resizable, out)
-        return steps.run(ctx, mem, records)
+
+        def run():                          # data moves from here: a failure aborts
+            if not choice.inplace:
+                ctx.pool = self._kept.setdefault(variant, {}) if out is not None else None
+                mem = Fresh(ctx, local, out, choice.slack)
+            else:
+                buffer = None
+                if out is not None and variant is Variant.KEPT:
+                    buffer = self._kept.get("buffer")
+                    if buffer is None:
+                        buffer = self._kept["buffer"] = np.empty(buffer_bytes(choice.plan),
+                                                                 dtype=np.uint8)
+                mem = OneBuffer(ctx, local, variant is Variant.GIVEN, choice.budget.workspace,
+                                buffer, verdict.resizable, out)
+            return steps.run(ctx, mem, records)
+        return guard(self._base, repr(self), run)
 
     def _program(self, variant, local):
         """``(choice, context)`` of ``variant``, made on its first run."""
@@ -398,11 +431,9 @@ class MeshTransfer(Transfer):
             f"Transfer {self._plan.src} -> {self._plan.dst}: donation not honoured on any "
             f"rank ({reason}); ran as not donated, the block is unchanged"), stacklevel=4)
 
-    def free(self):
-        """Release this Transfer's datatypes and kept buffers (local, no communication).
-
-        Sub-communicators belong to the mesh's communicator and are freed with it.
-        """
+    def _release(self):
+        """Datatypes and kept buffers; sub-communicators belong to the mesh's
+        communicator and are freed with it."""
         for ctx in self._contexts.values():
             ctx.free()
         self._contexts.clear()
@@ -545,6 +576,10 @@ class CrossTransfer(Transfer):
         self._exchange = Exchange(self._ctx, sources, targets, self._workspace, src.op)
         self.source_shape = self._exchange.source_shape
         self.target_shape = self._exchange.target_shape
+        size_of = (lambda shape: 0 if shape is None else int(np.prod(shape)) * dtype.itemsize)
+        self._bound = max(size_of(self.source_shape), size_of(self.target_shape)) \
+            + self._workspace
+        self._resources = Resources(node_comm(comm).Get_size())
         self._identity = _identity(mesh=repr(mesh), dst_mesh=repr(dst_mesh), shape=shape,
                                    dtype=dtype, src=src, dst=dst, workspace=workspace,
                                    checked=checked)
@@ -568,6 +603,7 @@ class CrossTransfer(Transfer):
 
     def _inputs(self, local, out, extra):
         rank = self._comm.Get_rank()
+        self._resources.check(self._bound, rank, repr(self))
         if self.source_shape is None:
             if local is not None:
                 raise ShapeError(f"rank {rank} is outside the source mesh {self._mesh}: "
@@ -582,22 +618,25 @@ class CrossTransfer(Transfer):
                 raise ShapeError(f"rank {rank} is outside the target mesh "
                                  f"{self._target_mesh}: pass out=None")
             check_out(out, local, self.target_shape, self._dtype, rank)
-        return "numpy" if local is None else array_kind(local), NOT_DONATED
+        return "numpy" if local is None else array_kind(local), NOT_DONATED, True
 
     def _run_unchecked(self, local, out, records):
         return self._execute(local, out, None, False, NOT_DONATED, records)
 
     def _execute(self, local, out, kind, donate_ok, verdict, records):
-        if local is not None and not c_contiguous(local):
-            local = array_module(local).ascontiguousarray(local)   # one block more (docs)
-        if out is None and self.target_shape is not None:
-            xp = np if local is None else array_module(local)
-            out = xp.empty(self.target_shape, self._dtype)
-        self._exchange.run(local, out)
-        return out
+        def run():                          # data moves from here: a failure aborts
+            block, into = local, out
+            if block is not None and not c_contiguous(block):
+                block = array_module(block).ascontiguousarray(block)   # one block more (docs)
+            if into is None and self.target_shape is not None:
+                xp = np if block is None else array_module(block)
+                into = xp.empty(self.target_shape, self._dtype)
+            self._exchange.run(block, into)
+            return into
+        return guard(self._base, repr(self), run)
 
     def explain(self):
         return self.plan.explain()
 
-    def free(self):
+    def _release(self):
         self._ctx.free()

@@ -5,6 +5,9 @@
 #
 #   bash scripts/slurm_ci.sh            # as root, on Debian/Ubuntu
 #
+# After the jobs, tests/test_failure.py under srun --kill-on-bad-exit: a rank
+# that fails or is killed mid-run ends the whole job.
+#
 # Steps: install the packages if missing; write slurm.conf, logs, state and
 # the munge socket into a temporary directory; start munged (as the munge
 # user), slurmctld and slurmd in the background, recording their PIDs; wait
@@ -396,8 +399,18 @@ if ! "$VENV/bin/python" scripts/slurm_job_check.py bench "$JOB_OUT" "$T/bench.js
     show_tail "$JOB_OUT" 80
 fi
 
-if [ "$TESTS_OK" = 1 ] && [ "$BENCH_OK" = 1 ]; then
-    log "both jobs passed their checks"
+# A failure on one rank ends the whole job under srun --kill-on-bad-exit too:
+# tests/test_failure.py launches its 4-task jobs with srun (each must end
+# within 30 s, naming the rank and the step).
+phase "failures under srun"
+FAIL_OK=1
+if ! timeout 600 env MPIREDIST_FAILURE_LAUNCHER="srun --kill-on-bad-exit=1 --mpi=pmi2" \
+        "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_failure.py; then
+    FAIL_OK=0
+fi
+
+if [ "$TESTS_OK" = 1 ] && [ "$BENCH_OK" = 1 ] && [ "$FAIL_OK" = 1 ]; then
+    log "both jobs passed their checks, and failures ended their jobs"
     exit 0
 fi
-die "tests job: $([ "$TESTS_OK" = 1 ] && echo ok || echo FAILED), bench job: $([ "$BENCH_OK" = 1 ] && echo ok || echo FAILED)"
+die "tests job: $([ "$TESTS_OK" = 1 ] && echo ok || echo FAILED), bench job: $([ "$BENCH_OK" = 1 ] && echo ok || echo FAILED), failures: $([ "$FAIL_OK" = 1 ] && echo ok || echo FAILED)"

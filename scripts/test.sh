@@ -11,8 +11,12 @@
 #   system   Debian's MPICH (apt-get install mpich libmpich-dev) with the
 #            mpi4py wheel (.venv-sysmpich): tests/mpi at 2 ranks
 #
-# and last a real single-node Slurm (scripts/slurm_ci.sh): the templates in
-# slurm/ submitted with sbatch --wait, their outputs checked.
+# then a real single-node Slurm (scripts/slurm_ci.sh): the templates in
+# slurm/ submitted with sbatch --wait, their outputs checked, and the
+# failure tests under srun; and last two simulated nodes on this machine
+# (scripts/cluster_ci.sh): a subset of tests/mpi across the nodes under
+# hydra, srun --mpi=pmi2, Open MPI's mpirun and srun --mpi=pmix, and the
+# templates with sbatch -N 2.
 #
 #   bash scripts/test.sh
 #   MPIREDIST_TEST_RANKS="2 4" bash scripts/test.sh     # fewer rank counts
@@ -26,7 +30,9 @@
 # empty skips them), MPIREDIST_CROSS_RANKS (further rank counts of the
 # between-meshes tests under PyPI MPICH, default "6"; empty skips them), MPIREDIST_TEST_LARGE (1 = run the large stages, the
 # default; 0 skips them), MPIREDIST_TEST_SLURM (1 = the Slurm stage,
-# scripts/slurm_ci.sh, the default; 0 skips it), MPIREDIST_MPI_TIMEOUT (seconds per stage, default
+# scripts/slurm_ci.sh, the default; 0 skips it), MPIREDIST_TEST_CLUSTER (1 =
+# the cluster stage, scripts/cluster_ci.sh, the default; 0 skips it),
+# MPIREDIST_CLUSTER_STAGE_TIMEOUT (default 900), MPIREDIST_MPI_TIMEOUT (seconds per stage, default
 # 300), MPIREDIST_LARGE_TIMEOUT (default 900), MPIREDIST_HANG_DUMP (seconds
 # before a running test dumps its tracebacks, default 120),
 # MPIREDIST_SYSTEM_MPI4PY (wheel, the default, or source: mpi4py built with
@@ -228,9 +234,28 @@ if has_mpi mpich && [ "$MPICH_OK" = 1 ]; then
     done
 fi
 
+# A failure on one rank after data started to move ends the whole job
+# (tests/test_failure.py launches fresh 4-rank jobs: MPICH's ran in the serial
+# stage; here Open MPI's mpiexec, and srun in the Slurm stage).
+failure_stage() {  # NAME PYTHON LAUNCHER...
+    local name="$1" py="$2" t rc=0
+    shift 2
+    header "$name: tests/test_failure.py under $*"
+    t="$(now)"
+    env "${MPI_RUN_ENV[@]}" MPIREDIST_FAILURE_LAUNCHER="$*" timeout "$MPI_TIMEOUT" \
+        "$py" -m pytest -q -p no:cacheprovider tests/test_failure.py || rc=$?
+    if [ "$rc" = 0 ]; then
+        record "$name" "ok" "$t"
+    else
+        record "$name" "FAILED (pytest rc=$rc)" "$t"
+        FAILED=1
+    fi
+}
+
 if has_mpi openmpi; then
     if mpi_setup_stage openmpi setup_openmpi; then
         mpi_stages openmpi "$OMPI_RANKS" large "$@"
+        failure_stage "openmpi failures" "${MPI_LAUNCH[0]%/mpiexec}/python" "${MPI_LAUNCH[@]}"
     fi
 fi
 
@@ -253,6 +278,28 @@ if [ "${MPIREDIST_TEST_SLURM:-1}" = 1 ] && has_mpi mpich; then
         record "slurm" "ok" "$t"
     else
         record "slurm" "FAILED (rc=$rc)" "$t"
+        FAILED=1
+    fi
+fi
+
+# Two simulated nodes on this machine (scripts/cluster.sh: namespaces, links
+# capped at 1 Gbit/s, one slurmd per node), started and stopped by
+# scripts/cluster_ci.sh: a subset of tests/mpi across the nodes under each
+# launcher and the templates with sbatch -N 2; every run must move its bytes
+# over the links.
+if [ "${MPIREDIST_TEST_CLUSTER:-1}" = 1 ] && has_mpi mpich; then
+    header "cluster: scripts/cluster_ci.sh (2 nodes: hydra, srun pmi2, mpirun, srun pmix, sbatch -N 2)"
+    t="$(now)"
+    routes="mpich hydra,mpich srun pmi2"
+    has_mpi openmpi && routes="$routes,openmpi mpirun,openmpi srun pmix"
+    rc=0
+    timeout "${MPIREDIST_CLUSTER_STAGE_TIMEOUT:-900}" \
+        env MPIREDIST_CLUSTER_ROUTES="${MPIREDIST_CLUSTER_ROUTES:-$routes}" \
+        bash scripts/cluster_ci.sh || rc=$?
+    if [ "$rc" = 0 ]; then
+        record "cluster" "ok" "$t"
+    else
+        record "cluster" "FAILED (rc=$rc)" "$t"
         FAILED=1
     fi
 fi

@@ -82,6 +82,15 @@ record() {  # stage, status, start time
 
 has_mpi() { case " $MPIS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
+finish() {  # stage, exit status, start time, what the status is: ok or FAILED
+    if [ "$2" = 0 ]; then
+        record "$1" "ok" "$3"
+    else
+        record "$1" "FAILED (${4:-rc}=$2)" "$3"
+        FAILED=1
+    fi
+}
+
 header "set-up: venv + pip install -e .[${MPIREDIST_PIP_EXTRAS:-test,mpich}]"
 t="$(now)"
 setup_venv "${MPIREDIST_PIP_EXTRAS:-test,mpich}"
@@ -244,12 +253,7 @@ failure_stage() {  # NAME PYTHON LAUNCHER...
     t="$(now)"
     env "${MPI_RUN_ENV[@]}" MPIREDIST_FAILURE_LAUNCHER="$*" timeout "$MPI_TIMEOUT" \
         "$py" -m pytest -q -p no:cacheprovider tests/test_failure.py || rc=$?
-    if [ "$rc" = 0 ]; then
-        record "$name" "ok" "$t"
-    else
-        record "$name" "FAILED (pytest rc=$rc)" "$t"
-        FAILED=1
-    fi
+    finish "$name" "$rc" "$t" "pytest rc"
 }
 
 if has_mpi openmpi; then
@@ -296,12 +300,7 @@ if [ "${MPIREDIST_TEST_CLUSTER:-1}" = 1 ] && has_mpi mpich; then
     timeout "${MPIREDIST_CLUSTER_STAGE_TIMEOUT:-900}" \
         env MPIREDIST_CLUSTER_ROUTES="${MPIREDIST_CLUSTER_ROUTES:-$routes}" \
         bash scripts/cluster_ci.sh || rc=$?
-    if [ "$rc" = 0 ]; then
-        record "cluster" "ok" "$t"
-    else
-        record "cluster" "FAILED (rc=$rc)" "$t"
-        FAILED=1
-    fi
+    finish "cluster" "$rc" "$t" "rc"
 fi
 
 header "summary"

@@ -61,23 +61,12 @@ def _read_int(path):
     return None if not text.isdigit() else int(text)
 
 
-def _status(field):
-    """A ``kB`` field of ``/proc/self/status`` in bytes, or None."""
+def _kb_field(path, field):
+    """A ``kB`` field (``VmRSS``, ``MemAvailable``...) of a /proc file in bytes, or None."""
     try:
-        with open("/proc/self/status", encoding="ascii") as f:
+        with open(path, encoding="ascii") as f:
             for line in f:
                 if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _meminfo():
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
@@ -134,10 +123,10 @@ class Resources:
             limit, usage = (_read_int(p) for p in self._cgroup)
             if limit is not None and usage is not None and limit < (1 << 60):
                 found.append((max(0, limit - usage) // n, "the cgroup's memory limit"))
-        mem = _meminfo()
+        mem = _kb_field("/proc/meminfo", "MemAvailable")
         if mem is not None:
             found.append((mem // n, "MemAvailable"))
-        rss = _status("VmRSS") or 0
+        rss = _kb_field("/proc/self/status", "VmRSS") or 0
         per_cpu, per_node = os.environ.get("SLURM_MEM_PER_CPU"), os.environ.get("SLURM_MEM_PER_NODE")
         if per_cpu and per_cpu.isdigit():
             cpus = os.environ.get("SLURM_CPUS_PER_TASK", "1")
@@ -152,7 +141,7 @@ class Resources:
             except (OSError, ValueError):
                 soft = -1
         if soft not in (-1, getattr(resource, "RLIM_INFINITY", -1)):
-            found.append((max(0, soft - (_status("VmSize") or 0)), "ulimit -v"))
+            found.append((max(0, soft - (_kb_field("/proc/self/status", "VmSize") or 0)), "ulimit -v"))
         if not found:
             return None, None
         return min(found)

@@ -19,12 +19,14 @@ from .core.errors import (BudgetWarning, ClosedError, CommunicationError, Donati
                           MpiredistError, PlanError, RemoteError, ShapeError)
 from .core.layout import Layout
 from .core.mesh import Mesh
+from .core.topology import Topology
 from .planning import planner as _planner
 from .planning.plans import Plan, Step
 
 __version__ = "0.2.0"
 
-__all__ = ["Mesh", "Layout", "Plan", "Step", "plan", "Transfer", "DistArray", "redistribute",
+__all__ = ["Mesh", "Layout", "Topology", "Plan", "Step", "plan", "topology", "Transfer",
+           "DistArray", "redistribute",
            "matmul", "concatenate",
            "MpiredistError", "LayoutError", "MeshError", "ShapeError", "PlanError",
            "MismatchError", "RemoteError", "CommunicationError", "MemoryBudgetError",
@@ -36,6 +38,7 @@ plan = _planner.plan
 # public name -> (module, attribute or None for the module itself), imported below
 _PUBLIC = {
     "Transfer": (".runtime.transfer", "Transfer"),
+    "topology": (".runtime.comm", "topology"),
     "DistArray": (".arrays.distarray", "DistArray"),
     "redistribute": (".arrays.base", "redistribute"),
     "matmul": (".arrays.linalg", "matmul"),

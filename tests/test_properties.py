@@ -131,3 +131,48 @@ def check(mesh, shape, dtype, src_spec, dst_spec, seed=0):
 def test_redistribution_is_exact(problem, seed):
     mesh, shape, dtype, src, dst = problem
     check(mesh, shape, dtype, src, dst, seed)
+
+
+# -- across nodes ----------------------------------------------------------------
+
+@st.composite
+def topologies(draw, size):
+    """A uniform topology where one divides the devices, else (or by choice) a
+    random assignment of the devices to 2-4 nodes."""
+    per = [k for k in range(1, size) if size % k == 0]
+    if per and draw(st.booleans()):
+        k = draw(st.sampled_from(per))
+        return mr.Topology.uniform(size // k, k)
+    n = draw(st.integers(2, 4))
+    return mr.Topology(draw(st.lists(st.integers(0, n - 1), min_size=size, max_size=size)))
+
+
+@settings(database=None, deadline=None, max_examples=max(50, EXAMPLES // 20),
+          suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), st.data())
+def test_across_node_bytes_bound_and_match_the_simulation(problem, data):
+    """Every plan's across-node bytes are at least what must cross nodes, and
+    the simulator, moving the data itself, sends as many across nodes in every
+    step but exchanges (whose holders the simulator picks its own way)."""
+    from mpiredist.planning.simulate import simulate
+    mesh, shape, dtype, (src, partial, op), (dst, dst_partial, _) = problem
+    size = math.prod(s for _, s in mesh)
+    topology = data.draw(topologies(size))
+    src_text, dst_text = layout_text(src, partial, op), layout_text(dst, dst_partial, op)
+    rng = np.random.default_rng(0)
+    G = global_array(shape, dtype, rng)
+    blocks = source_blocks(G, mesh, src, partial, op, rng)
+    for strategy in STRATEGIES:
+        p = mr.plan(shape, dtype, dict(mesh), src_text, dst_text, strategy=strategy,
+                    topology=topology)
+        where = f"{strategy} {dict(mesh)} {topology!r} {shape} {src_text} -> {dst_text}"
+        assert p.inter_node_lower_bound_bytes_per_rank is not None, where
+        assert p.inter_node_bytes_per_rank >= p.inter_node_lower_bound_bytes_per_rank, \
+            f"{where}\n{p.explain()}"
+        assert p.lower_bound_bytes_per_rank >= p.inter_node_lower_bound_bytes_per_rank, where
+        _, across = simulate(p, blocks, topology)
+        for step, counted in zip(p.steps, across):
+            if step.op != "exchange":
+                assert step.inter_node_bytes_per_rank == counted, \
+                    f"{where}: {step} plans {step.inter_node_bytes_per_rank} B, " \
+                    f"simulated {counted} B\n{p.explain()}"

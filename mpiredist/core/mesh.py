@@ -5,10 +5,14 @@ attached.  Planning only needs the sizes, so any mesh, e.g. 4096 devices,
 can be planned without MPI.  Rank ``r`` has coordinates
 ``numpy.unravel_index(r, sizes)``: row-major, last axis fastest.
 
-A mesh may cover only some ranks of its communicator: ``ranks`` lists them
-in device order (device ``i`` is rank ``ranks[i]``).  Such a mesh is a
-source or target of :func:`mpiredist.redistribute` between meshes; every
-rank of the communicator takes part in those calls.
+A mesh may cover only some ranks of its communicator, or all of them in
+another order: ``ranks`` lists them in device order (device ``i`` is rank
+``ranks[i]``).  A mesh over some ranks is a source or target of
+:func:`mpiredist.redistribute` between meshes (every rank of the
+communicator takes part in those calls); a mesh over every rank in another
+order (:meth:`Mesh.hybrid` makes such) runs collectives like any other.
+A mesh may know which node each device is on (``topology``, a
+:class:`~mpiredist.core.topology.Topology`): :meth:`Mesh.node_axes`.
 """
 
 import itertools
@@ -16,9 +20,14 @@ import math
 import operator
 import re
 
-from .errors import MeshError
+import numpy as np
 
-__all__ = ["Mesh", "parse_ranks", "format_ranks", "MAX_DEVICES"]
+from .errors import MeshError
+from .subaxes import group_str, mesh_sub_axes
+from .topology import Topology
+
+__all__ = ["Mesh", "parse_ranks", "format_ranks", "crossing_sub_axes", "crossing_names",
+           "set_topology_source", "MAX_DEVICES"]
 
 # An MPI communicator's size is a C int: no mesh has more devices than this,
 # and every rank is below it.
@@ -125,24 +134,41 @@ class Mesh:
         ``MAX_DEVICES - 1``; that they are distinct and inside the
         communicator is checked, on every rank, by the calls that run on
         the mesh.
+    topology : Topology, optional
+        The node of each device (:class:`~mpiredist.core.topology.Topology`),
+        for planning by where bytes go (:meth:`node_axes`); a mesh made by
+        :meth:`hybrid` has one.  Not part of the mesh's equality: it says
+        where the devices are, not which mesh this is.
 
     Examples
     --------
     >>> Mesh({"x": 2, "y": 4}).coords(5)
     (1, 1)
+    >>> Mesh({"dp": 2, "tp": 4}, topology=Topology.uniform(2, 4)).node_axes()
+    ('dp',)
     """
 
-    __slots__ = ("_axes", "_comm", "_ranks")
+    __slots__ = ("_axes", "_comm", "_ranks", "_topology")
 
-    def __init__(self, axes, comm=None, ranks=None):
-        if isinstance(axes, Mesh) and ranks is None:
-            ranks = axes.ranks
+    def __init__(self, axes, comm=None, ranks=None, topology=None):
+        if isinstance(axes, Mesh):
+            ranks = axes.ranks if ranks is None else ranks
+            topology = axes.topology if topology is None else topology
         items = _parse_axes(axes)
         _validate(items)
         items = tuple((n, int(s)) for n, s in items)
+        size = math.prod(s for _, s in items)
         object.__setattr__(self, "_axes", items)
         object.__setattr__(self, "_comm", comm)
-        object.__setattr__(self, "_ranks", _parse_ranks(ranks, math.prod(s for _, s in items)))
+        object.__setattr__(self, "_ranks", _parse_ranks(ranks, size))
+        if topology is not None:
+            if not isinstance(topology, Topology):
+                raise MeshError(f"mesh topology must be a Topology, found "
+                                f"{type(topology).__name__}")
+            if topology.size != size:
+                raise MeshError(f"topology {topology!r} has {topology.size} devices, but the "
+                                f"mesh {','.join(f'{n}={v}' for n, v in items)} has {size}")
+        object.__setattr__(self, "_topology", topology)
 
     def __setattr__(self, name, value):
         raise AttributeError("Mesh is immutable")
@@ -206,13 +232,84 @@ class Mesh:
             twice = sorted({r for r in ranks if ranks.count(r) > 1})
             raise MeshError(f"{which} mesh {self}: ranks {twice} appear more than once")
 
+    @classmethod
+    def hybrid(cls, within, across, comm=None, topology=None):
+        """A mesh whose ``within`` axes stay inside nodes and ``across`` axes
+        span them, as JAX's ``create_hybrid_device_mesh`` makes one.
+
+        Its axes are ``across`` then ``within`` (major to minor), so a
+        device's ``within`` digits are its place on its node: device
+        ``n * W + j`` (W the product of the ``within`` sizes) is the j-th
+        rank, in rank order, of node n (nodes in the order of their lowest
+        rank).  ``topology``: the node of each rank of ``comm``; by default
+        the communicator's own, found by the runtime
+        (:func:`mpiredist.runtime.comm.topology`; collective then: every
+        rank calls this).  MeshError unless there are as many nodes as the
+        ``across`` axes make, each with W ranks.
+
+        Examples
+        --------
+        >>> m = Mesh.hybrid({"tp": 2}, {"dp": 2}, topology=Topology([0, 1, 0, 1]))
+        >>> m.ranks, m.node_axes()
+        ((0, 2, 1, 3), ('dp',))
+        """
+        inner, outer = _parse_axes(within), _parse_axes(across)
+        _validate(outer + inner)
+        if topology is None:
+            if _TOPOLOGY_SOURCE is None:
+                raise MeshError("Mesh.hybrid: give topology= (the runtime, which finds a "
+                                "communicator's own, is not loaded)")
+            topology = _TOPOLOGY_SOURCE(comm)
+        if not isinstance(topology, Topology):
+            raise MeshError(f"Mesh.hybrid: topology must be a Topology, found "
+                            f"{type(topology).__name__}")
+        w = math.prod(int(v) for _, v in inner)
+        a = math.prod(int(v) for _, v in outer)
+        nodes = topology.array()
+        counts = np.bincount(nodes, minlength=topology.count)
+        if topology.count != a or (counts != w).any():
+            raise MeshError(
+                f"Mesh.hybrid: within {dict(inner)} needs {w} rank(s) on each of {a} node(s) "
+                f"(across {dict(outer)}), but the {topology.size} rank(s) are on "
+                f"{topology.count} node(s) of {sorted(set(counts.tolist()))} rank(s)")
+        ranks = tuple(int(r) for r in np.argsort(nodes, kind="stable"))
+        ranks = None if ranks == tuple(range(len(ranks))) else ranks
+        return cls(outer + inner, comm, ranks, Topology.uniform(a, w))
+
+    @property
+    def topology(self):
+        """The node of each device (a :class:`Topology`), or None if not known.
+
+        A mesh made by :meth:`hybrid`, or given ``topology=``, has one; the
+        runtime finds a communicator's own when it plans a Transfer
+        (:func:`mpiredist.runtime.comm.topology`, collective), since a
+        property must not communicate.
+        """
+        return self._topology
+
+    def with_topology(self, topology):
+        """The same mesh with ``topology`` (a :class:`Topology`, or None)."""
+        return Mesh(self._axes, self._comm, self._ranks, topology)
+
+    def node_axes(self):
+        """Names of the mesh's (sub-)axes whose digits change the node of some
+        device, in mesh order: ``"dp"`` for a whole axis, ``"x:0"`` for one
+        prime digit of one (:mod:`mpiredist.core.subaxes`).
+
+        MeshError without a topology.
+        """
+        if self._topology is None:
+            raise MeshError(f"mesh {self} has no topology: make it with Mesh.hybrid or "
+                            "topology=, or plan with mpiredist.plan(..., topology=...)")
+        return crossing_names(self._axes, self._topology)
+
     def abstract(self):
         """Return the same mesh without a communicator."""
-        return Mesh(self._axes, None, self._ranks)
+        return Mesh(self._axes, None, self._ranks, self._topology)
 
     def with_comm(self, comm):
         """Return the same mesh bound to ``comm``."""
-        return Mesh(self._axes, comm, self._ranks)
+        return Mesh(self._axes, comm, self._ranks, self._topology)
 
     def axis_size(self, name):
         """Size of mesh axis ``name``; :class:`MeshError` if there is none."""
@@ -260,6 +357,17 @@ class Mesh:
         if self._ranks is None:
             return text
         return f"{text}@auto" if self.auto else f"{text}@{format_ranks(self._ranks)}"
+
+
+# How Mesh.hybrid finds a communicator's topology when not given one: set by
+# the runtime (mpiredist.runtime.comm), which core may not import.
+_TOPOLOGY_SOURCE = None
+
+
+def set_topology_source(find):
+    """Register ``find(comm) -> Topology`` (collective) for :meth:`Mesh.hybrid`."""
+    global _TOPOLOGY_SOURCE
+    _TOPOLOGY_SOURCE = find
 
 
 def _same_comm(a, b):
@@ -340,3 +448,34 @@ def format_ranks(ranks):
             parts.append(str(ranks[j]))
         i = j + 1
     return ",".join(parts)
+
+
+def crossing_sub_axes(mesh_axes, topology):
+    """The sub-axes of ``mesh_axes`` whose digit changes the node of some device
+    under ``topology`` (a device's number is its mixed-radix digits over every
+    sub-axis in mesh order)."""
+    space = mesh_sub_axes(mesh_axes)
+    nodes = topology.array()
+    devices = np.arange(len(nodes), dtype=np.int64)
+    out, stride = [], 1
+    strides = {}
+    for s in reversed(space):
+        strides[s] = stride
+        stride *= s.size
+    for s in space:
+        g = strides[s]
+        base = devices[(devices // g) % s.size == 0]
+        if any((nodes[base + j * g] != nodes[base]).any() for j in range(1, s.size)):
+            out.append(s)
+    return tuple(out)
+
+
+def crossing_names(mesh_axes, topology):
+    """:func:`crossing_sub_axes` as names: ``"dp"`` for a whole axis, ``"x:0"`` for a digit."""
+    crossing = crossing_sub_axes(mesh_axes, topology)
+    out = []
+    for name, _ in mesh_axes:
+        mine = tuple(s for s in crossing if s.name == name)
+        if mine:
+            out.extend(group_str(mine).split(","))
+    return tuple(out)

@@ -29,10 +29,12 @@ from . import normal_form as nf
 from ..core.blocks import divides_evenly, local_shape
 from .costs import (collective_bytes, exchange_bytes, exchange_messages, group_sends,
                     lower_bound_bytes, most_missing)
-from ..core.errors import PlanError, ShapeError
+from ..core.errors import MeshError, PlanError, ShapeError
 from ..core.layout import Layout
 from ..core.mesh import Mesh
+from .nodes import Move, across_lower_bound, step_across_bytes
 from .plans import Plan, Step
+from ..core.topology import Topology
 from ..core.subaxes import expand, group_size
 
 __all__ = ["plan", "STRATEGIES"]
@@ -40,7 +42,7 @@ __all__ = ["plan", "STRATEGIES"]
 STRATEGIES = ("collectives", "replicate", "direct")
 
 def plan(global_shape, dtype, mesh, src, dst, strategy="collectives", allow_exchange=True,
-         dst_mesh=None, profile=None):
+         dst_mesh=None, profile=None, topology=None):
     """Plan the redistribution of an array from layout ``src`` to ``dst``.
 
     Parameters
@@ -68,6 +70,15 @@ def plan(global_shape, dtype, mesh, src, dst, strategy="collectives", allow_exch
         :func:`mpiredist.planning.profile.current`: ``MPIREDIST_PROFILE``,
         the calibrate file, or the built-in default).
 
+    topology : Topology, optional
+        The node of each device (default the mesh's own, if it has one).
+        Every step then knows its across-node bytes
+        (``Step.inter_node_bytes_per_rank``, :mod:`mpiredist.planning.nodes`),
+        the plan their sum and what must cross nodes whatever the plan
+        (``Plan.inter_node_lower_bound_bytes_per_rank``), and a profile with
+        across-node rates (``calibrate`` on two or more nodes) prices
+        candidates by where their bytes go.
+
     Returns
     -------
     Plan or CrossPlan
@@ -88,19 +99,28 @@ def plan(global_shape, dtype, mesh, src, dst, strategy="collectives", allow_exch
     shape, dtype, mesh, src, dst = validate(global_shape, dtype, mesh, src, dst)
     if strategy not in STRATEGIES:
         raise PlanError(f"strategy {strategy!r} is not one of {STRATEGIES}")
+    topology = mesh.topology if topology is None else topology
+    if topology is not None:
+        if not isinstance(topology, Topology):
+            raise MeshError(f"topology must be a Topology, found {type(topology).__name__}")
+        if topology.size != mesh.size:
+            raise MeshError(f"topology {topology!r} has {topology.size} devices, but mesh "
+                            f"{mesh} has {mesh.size}")
     profile = profiles.current() if profile is None else profile
-    return _plan(shape, dtype, mesh, src, dst, strategy, bool(allow_exchange), profile)
+    return _plan(shape, dtype, mesh.with_topology(None), src, dst, strategy,
+                 bool(allow_exchange), profile, topology)
 
 
 def _between(mesh, dst_mesh):
-    """True unless the plan is on one mesh over every rank (bad meshes raise later)."""
+    """True unless the plan is on one mesh (whatever its ranks: a plan is over
+    devices); bad meshes raise later."""
+    if dst_mesh is None:
+        return False
     try:
         mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
-        same = dst_mesh is None or (dst_mesh if isinstance(dst_mesh, Mesh)
-                                    else Mesh(dst_mesh)) == mesh
+        return (dst_mesh if isinstance(dst_mesh, Mesh) else Mesh(dst_mesh)) != mesh
     except (ValueError, TypeError):
-        return dst_mesh is not None
-    return not same or mesh.ranks is not None
+        return True
 
 
 def _plan_between(global_shape, dtype, mesh, src, dst, strategy, dst_mesh):
@@ -165,15 +185,16 @@ def _check_reducible(dtype, src):
 
 
 @lru_cache(maxsize=512)
-def _plan(shape, dtype, mesh, src, dst, strategy, allow_exchange=True, profile=None):
+def _plan(shape, dtype, mesh, src, dst, strategy, allow_exchange=True, profile=None,
+          topology=None):
     S, T = expand(src, mesh), expand(dst, mesh)
     if strategy == "collectives":
-        cost = _Cost(dtype.itemsize, profile or profiles.DEFAULT)
+        cost = _Cost(dtype.itemsize, profile or profiles.DEFAULT, shape, mesh.axes, topology)
         moves, note = _collectives(shape, S, T, mesh.axes, allow_exchange, cost)
     else:
         build = {"replicate": _replicate, "direct": _direct}
         moves, note = build[strategy](shape, S, T, mesh.axes)
-    return assemble(shape, dtype, mesh, src, dst, strategy, moves, note)
+    return assemble(shape, dtype, mesh, src, dst, strategy, moves, note, topology)
 
 
 def _reduce_all(S, T):
@@ -313,14 +334,21 @@ def _choose(shape, S, candidates, mesh_axes, allow_exchange, cost, ceiling):
 
 
 class _Cost:
-    """Predicted seconds of moves for one itemsize under one profile."""
+    """Predicted seconds of moves for one itemsize under one profile; with a
+    topology and a profile that has across-node rates, bytes that cross nodes
+    are priced at those."""
 
-    def __init__(self, itemsize, profile):
+    def __init__(self, itemsize, profile, shape=None, mesh_axes=None, topology=None):
         self.itemsize, self.profile = itemsize, profile
+        self.shape, self.mesh_axes = shape, mesh_axes
+        self.topology = topology if topology is not None and profile.beta_across else None
 
-    def seconds(self, op, elems, rounds, group, after_elems):
+    def seconds(self, op, elems, rounds, group, after_elems, move=None):
+        across = 0
+        if self.topology is not None and move is not None:
+            across = step_across_bytes(self.shape, 1, move, self.mesh_axes, self.topology)
         return self.profile.step_seconds(op, elems * self.itemsize, rounds, group,
-                                         after_elems * self.itemsize)
+                                         after_elems * self.itemsize, across * self.itemsize)
 
 
 def _elems(shape, layout):
@@ -351,7 +379,8 @@ def _score(shape, S, moves, mesh_axes, cost):
             n = int(op == "permute" and elems > 0)
         else:
             n = (g - 1) * (2 if op == "all_reduce" else 1)
-        seconds += cost.seconds(op, elems, n, g, _elems(shape, after))
+        seconds += cost.seconds(op, elems, n, g, _elems(shape, after),
+                                Move(op, axes, state, after, elems))
         sent += elems
         rounds += n
         state = after
@@ -378,7 +407,7 @@ def _move_elems(shape, before, move, mesh_axes):
     return collective_bytes(op, operand, axes)
 
 
-def assemble(shape, dtype, mesh, src, dst, strategy, moves, note=""):
+def assemble(shape, dtype, mesh, src, dst, strategy, moves, note="", topology=None):
     """Build a :class:`Plan` from moves ``(op, sub_axes, dims, layout_after)``.
 
     Used by the strategies here and by anything that brings its own step
@@ -390,17 +419,23 @@ def assemble(shape, dtype, mesh, src, dst, strategy, moves, note=""):
     steps, state = [], S
     for move in moves:
         op, axes, dims, after = move
+        sent = _move_bytes(shape, itemsize, state, move, mesh.axes)
+        across = None
+        if topology is not None:
+            across = step_across_bytes(shape, itemsize, Move(op, axes, state, after, sent),
+                                       mesh.axes, topology)
         steps.append(Step(op, tuple(axes), tuple(dims), state, after,
-                          local_shape(shape, state), local_shape(shape, after),
-                          _move_bytes(shape, itemsize, state, move, mesh.axes)))
+                          local_shape(shape, state), local_shape(shape, after), sent, across))
         state = after
     T = expand(dst, mesh)
     if state != T:
         raise AssertionError(f"internal planner error: plan ends at {state}, not {T}")
     nbytes = [math.prod(local_shape(shape, S)) * itemsize]
     nbytes += [math.prod(s.local_shape_after) * itemsize for s in steps]
+    bound = None if topology is None else across_lower_bound(shape, itemsize, S, T, mesh.axes,
+                                                             topology)
     return Plan(shape, dtype, mesh, src, dst, strategy, tuple(steps),
                 nbytes[0], math.prod(local_shape(shape, T)) * itemsize, max(nbytes),
                 sum(s.bytes_sent_per_rank for s in steps),
-                lower_bound_bytes(shape, itemsize, S, T, mesh.axes), note)
+                lower_bound_bytes(shape, itemsize, S, T, mesh.axes), note, topology, bound)
 

@@ -45,6 +45,7 @@ class Step:
     local_shape_before: tuple
     local_shape_after: tuple
     bytes_sent_per_rank: int
+    inter_node_bytes_per_rank: object = None    # int with a topology, else None
 
     def __post_init__(self):
         if self.op not in OPS:
@@ -69,7 +70,8 @@ class Step:
                 "layout_before": str(self.before), "layout_after": str(self.after),
                 "local_shape_before": list(self.local_shape_before),
                 "local_shape_after": list(self.local_shape_after),
-                "bytes_sent_per_rank": self.bytes_sent_per_rank}
+                "bytes_sent_per_rank": self.bytes_sent_per_rank,
+                "inter_node_bytes_per_rank": self.inter_node_bytes_per_rank}
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +96,15 @@ class Plan:
     bytes_sent_per_rank: int
     lower_bound_bytes_per_rank: int
     note: str = field(default="")
+    topology: object = None                     # the Topology it was planned for
+    inter_node_lower_bound_bytes_per_rank: object = None
+
+    @property
+    def inter_node_bytes_per_rank(self):
+        """Sum over steps of their across-node bytes (None without a topology)."""
+        if self.topology is None:
+            return None
+        return sum(s.inter_node_bytes_per_rank or 0 for s in self.steps)
 
     @property
     def itemsize(self):
@@ -120,6 +131,10 @@ class Plan:
                 "bytes_sent_per_rank": self.bytes_sent_per_rank,
                 "lower_bound_bytes_per_rank": self.lower_bound_bytes_per_rank,
                 "within_bound": self.within_bound, "rounds": self.rounds,
+                "topology": None if self.topology is None else str(self.topology),
+                "inter_node_bytes_per_rank": self.inter_node_bytes_per_rank,
+                "inter_node_lower_bound_bytes_per_rank":
+                    self.inter_node_lower_bound_bytes_per_rank,
                 "note": self.note}
 
     def to_json(self, **kwargs):
@@ -129,12 +144,15 @@ class Plan:
         """A readable table of the steps, then the totals."""
         head = (f"plan {self.strategy}: {list(self.global_shape)} {self.dtype} on mesh "
                 f"{self.mesh}\n  {self.src}  ->  {self.dst}\n")
-        rows = [("#", "op", "axes", "dims", "local before", "local after", "sent/rank")]
+        nodes = self.topology is not None
+        rows = [("#", "op", "axes", "dims", "local before", "local after", "sent/rank")
+                + (("across nodes",) if nodes else ())]
         for i, s in enumerate(self.steps):
             rows.append((str(i), s.op, group_str(s.axes) or "-",
                          ",".join(map(str, s.dims)) or "-",
                          _shape(s.local_shape_before), _shape(s.local_shape_after),
-                         _bytes(s.bytes_sent_per_rank)))
+                         _bytes(s.bytes_sent_per_rank))
+                        + ((_bytes(s.inter_node_bytes_per_rank or 0),) if nodes else ()))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
         if not self.steps:
@@ -146,6 +164,11 @@ class Plan:
                 f"({ratio:.2f} x max)\nsent per rank {_bytes(self.bytes_sent_per_rank)}, "
                 f"lower bound {_bytes(self.lower_bound_bytes_per_rank)}, "
                 f"{self.rounds} round(s)")
+        if nodes:
+            bound = self.inter_node_lower_bound_bytes_per_rank
+            tail += (f"\nacross nodes ({self.topology}) per rank "
+                     f"{_bytes(self.inter_node_bytes_per_rank)}, lower bound "
+                     f"{'not computed at this size' if bound is None else _bytes(bound)}")
         if self.note:
             tail += f"\nnote: {self.note}"
         return head + "\n".join(lines) + tail

@@ -27,7 +27,7 @@ from .routing import member_ranks, permute_source
 __all__ = ["simulate"]
 
 
-def simulate(plan, blocks):
+def simulate(plan, blocks, topology=None):
     """Return the target local blocks of every rank; ``blocks`` is not modified.
 
     Parameters
@@ -35,23 +35,40 @@ def simulate(plan, blocks):
     plan : Plan
     blocks : list of numpy arrays
         ``blocks[r]`` is rank ``r``'s source local block.
+    topology : Topology, optional
+        With one, returns ``(blocks, across)``: per step, the most bytes any
+        rank sent to, or received from, ranks on other nodes in the
+        simulation, every member
+        sending what its receiver takes from it (an all-reduce: each member
+        reduces one slice, then sends it to the others; an exchange: from
+        the lowest rank that holds a piece).
     """
     mesh = plan.mesh
     if len(blocks) != mesh.size:
         raise ShapeError(f"simulate: {len(blocks)} blocks for a mesh of {mesh.size} ranks")
     digits = [rank_digits(mesh, r) for r in range(mesh.size)]
     state = [np.array(b, dtype=plan.dtype, copy=True) for b in blocks]
+    nodes = None if topology is None else topology.array()
+    across = []
     for step in plan.steps:
         run = _RUN[step.op]
-        state = [run(plan, step, state, digits, r) for r in range(mesh.size)]
-    return state
+        sent = np.zeros(mesh.size, dtype=np.int64)
+        got = np.zeros(mesh.size, dtype=np.int64)
+
+        def account(src, dst, nbytes):
+            if nodes is not None and nodes[src] != nodes[dst]:
+                sent[src] += nbytes
+                got[dst] += nbytes
+        state = [run(plan, step, state, digits, r, account) for r in range(mesh.size)]
+        across.append(int(max(sent.max(initial=0), got.max(initial=0))))
+    return state if topology is None else (state, across)
 
 
 def _relative(box, outer):
     return tuple(slice(lo - o0, hi - o0) for (lo, hi), (o0, _) in zip(box, outer))
 
 
-def _slice(plan, step, state, digits, r):
+def _slice(plan, step, state, digits, r, account):
     before = rank_block(plan.global_shape, step.before, digits[r])
     after = rank_block(plan.global_shape, step.after, digits[r])
     if any(hi <= lo for lo, hi in after):
@@ -63,12 +80,15 @@ def _members(plan, step, digits, r):
     return member_ranks(plan.mesh, digits[r], step.axes)
 
 
-def _all_gather(plan, step, state, digits, r):
+def _all_gather(plan, step, state, digits, r, account):
     (d,) = step.dims
-    return np.concatenate([state[m] for m in _members(plan, step, digits, r)], axis=d)
+    members = _members(plan, step, digits, r)
+    for m in members:
+        account(m, r, state[m].nbytes)
+    return np.concatenate([state[m] for m in members], axis=d)
 
 
-def _all_to_all(plan, step, state, digits, r):
+def _all_to_all(plan, step, state, digits, r, account):
     i, j = step.dims
     after = rank_block(plan.global_shape, step.after, digits[r])
     parts = []
@@ -78,6 +98,7 @@ def _all_to_all(plan, step, state, digits, r):
         index = [slice(None)] * len(after)
         index[j] = rel[j]
         parts.append(state[m][tuple(index)])
+        account(m, r, parts[-1].nbytes)
     return np.concatenate(parts, axis=i)
 
 
@@ -88,22 +109,34 @@ def _reduce(plan, arrays):
     return out
 
 
-def _reduce_scatter(plan, step, state, digits, r):
+def _reduce_scatter(plan, step, state, digits, r, account):
     before = rank_block(plan.global_shape, step.before, digits[r])
     after = rank_block(plan.global_shape, step.after, digits[r])
     rel = _relative(after, before)
-    return _reduce(plan, [state[m][rel] for m in _members(plan, step, digits, r)])
+    parts = []
+    for m in _members(plan, step, digits, r):
+        parts.append(state[m][rel])
+        account(m, r, parts[-1].nbytes)
+    return _reduce(plan, parts)
 
 
-def _all_reduce(plan, step, state, digits, r):
-    return _reduce(plan, [state[m] for m in _members(plan, step, digits, r)])
+def _all_reduce(plan, step, state, digits, r, account):
+    members = _members(plan, step, digits, r)
+    g, n, size = len(members), state[r].size, state[r].itemsize
+    me = members.index(r)
+    for c, m in enumerate(members):
+        account(m, r, ((me + 1) * n // g - me * n // g) * size)   # m's part of r's slice
+        account(m, r, ((c + 1) * n // g - c * n // g) * size)     # m's reduced slice to r
+    return _reduce(plan, [state[m] for m in members])
 
 
-def _permute(plan, step, state, digits, r):
-    return state[permute_source(plan.mesh, step.before, step.after, digits[r])].copy()
+def _permute(plan, step, state, digits, r, account):
+    source = permute_source(plan.mesh, step.before, step.after, digits[r])
+    account(source, r, state[source].nbytes)
+    return state[source].copy()
 
 
-def _exchange(plan, step, state, digits, r):
+def _exchange(plan, step, state, digits, r, account):
     """Every element of rank r's target block from some rank holding it in the
     same partial class (the lowest such rank: any holder has the same values)."""
     shape = plan.global_shape
@@ -122,6 +155,7 @@ def _exchange(plan, step, state, digits, r):
         if filled[where].all():
             continue
         out[where] = state[s][_relative(box, held)]
+        account(s, r, int(np.count_nonzero(~filled[where])) * out.itemsize)
         filled[where] = True
     if not filled.all():
         raise AssertionError(f"exchange left {int((~filled).sum())} of {out.size} elements "

@@ -7,11 +7,13 @@ ordered so that a member's rank in the sub-communicator is its mixed-radix
 index over the group (first sub-axis major).
 """
 
+from ..core import mesh as _mesh
 from ..core.errors import MeshError
+from ..core.topology import Topology
 from ..core.subaxes import rank_digits
 
-__all__ = ["MeshComm", "mpi", "mesh_comm", "library_comm", "node_comm", "transfer_cache",
-           "check_size", "base_comm", "free_all"]
+__all__ = ["MeshComm", "mpi", "mesh_comm", "library_comm", "node_comm", "topology",
+           "transfer_cache", "check_size", "base_comm", "free_all"]
 
 
 def mpi():
@@ -43,7 +45,9 @@ class MeshComm:
     ----------
     mesh : Mesh
         Its ``comm`` (or ``MPI.COMM_WORLD``) must have ``mesh.size`` ranks;
-        this is checked on every rank, and every rank raises together.
+        this is checked on every rank, and every rank raises together.  A
+        mesh over every rank in another order (``ranks``) gets a
+        communicator in its device order first.
     """
 
     def __init__(self, mesh):
@@ -51,11 +55,17 @@ class MeshComm:
         base = mesh.comm if mesh.comm is not None else MPI.COMM_WORLD
         check_size(mesh, base)
         self.mesh = mesh
+        ordered = None
+        if mesh.ranks is not None:             # device d is rank ranks[d]
+            ordered = base.Split(0, mesh.device_ranks().index(base.Get_rank()))
+            base = ordered
         if mesh.axes:
             self.comm = base.Create_cart(list(mesh.sizes), periods=[False] * len(mesh.axes),
                                          reorder=False)
         else:
             self.comm = base.Dup()
+        if ordered is not None:
+            ordered.Free()
         self.rank = self.comm.Get_rank()
         self.digits = rank_digits(mesh, self.rank)
         self._subs = {}
@@ -101,6 +111,8 @@ def _on_free(comm, keyval, cache):
     for t in cache.pop(TRANSFERS, {}).values():
         t.free()
     for key, mc in cache.items():
+        if key == TOPOLOGY:
+            continue
         if key in (LIBRARY, NODE):
             mc.Free()
         elif mc.comm is not None:
@@ -156,6 +168,24 @@ def node_comm(base):
     return found
 
 
+TOPOLOGY = "topology"  # the cache key of topology's Topology
+
+
+def topology(base=None):
+    """The :class:`~mpiredist.core.topology.Topology` of a communicator's ranks
+    (default ``COMM_WORLD``): ranks that share memory (``Split_type`` with
+    ``COMM_TYPE_SHARED``) share a node, nodes numbered by their lowest rank.
+    Collective on first use (one allgather), then cached with the
+    communicator."""
+    base = mpi().COMM_WORLD if base is None else base
+    cache = _cache(base)
+    found = cache.get(TOPOLOGY)
+    if found is None:
+        leader = node_comm(base).allreduce(base.Get_rank(), op=mpi().MIN)
+        found = cache[TOPOLOGY] = Topology(base.allgather(leader))
+    return found
+
+
 def transfer_cache(base):
     """The Transfers that :func:`mpiredist.redistribute` keeps for ``base`` (a dict,
     bounded by its user, most recently used last; local, no communication);
@@ -171,9 +201,10 @@ def mesh_comm(mesh):
     freed when the communicator is freed (or by :func:`free_all`).
     """
     cache = _cache(base_comm(mesh))
-    found = cache.get(mesh.axes)
+    key = (mesh.axes, mesh.ranks)
+    found = cache.get(key)
     if found is None or found.comm is None:
-        found = cache[mesh.axes] = MeshComm(mesh)
+        found = cache[key] = MeshComm(mesh)
     return found
 
 
@@ -183,3 +214,12 @@ def free_all():
         base = _CACHED.pop()
         if base != mpi().COMM_NULL and base.Get_attr(_keyval()) is not None:
             base.Delete_attr(_keyval())
+
+
+def _mesh_topology(comm):
+    return topology(comm)
+
+
+# Mesh.hybrid finds a communicator's topology through this (core cannot
+# import the runtime).
+_mesh.set_topology_source(_mesh_topology)

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from ..core.backend import synchronize
 from ..core.blocks import box_shape, contiguous_box, divides_evenly, overlap, rank_block
 from ..core.errors import CommunicationError
+from ..core.mesh import Mesh
 from ..planning.budget import frame_shape
 from ..planning.pieces import (REDUCERS, layout_sources, layout_targets, part_limit,
                                ring_part_limit)
@@ -202,9 +203,10 @@ def _exchange_of(ctx, index, sliced):
         step, plan = ctx.plan.steps[index], ctx.plan
         if step.before.partial != step.after.partial:
             raise AssertionError(f"internal planner error: exchange {step} reduces")
-        n = plan.mesh.size
-        sources = layout_sources(plan.global_shape, plan.mesh, step.before, n)
-        targets = layout_targets(plan.global_shape, plan.mesh, step.after, n, keep_classes=True)
+        # the mesh communicator's rank is the device, whatever the mesh's ranks
+        devices, n = Mesh(plan.mesh.axes), plan.mesh.size
+        sources = layout_sources(plan.global_shape, devices, step.before, n)
+        targets = layout_targets(plan.global_shape, devices, step.after, n, keep_classes=True)
         ex = Exchange(ctx, sources, targets, 0, plan.src.op, views=sliced)
         zero = ex if ctx.comm.Get_rank() == 0 else Exchange(ctx, sources, targets, 0,
                                                             plan.src.op, sliced, rank=0)

@@ -52,7 +52,7 @@ from ..planning.pieces import (exchange_workspace, layout_sources, layout_target
 from ..planning.plans import _bytes as format_bytes
 from . import steps
 from .agree import agree, check_together
-from .comm import base_comm, check_size, library_comm, mesh_comm, mpi, node_comm
+from .comm import base_comm, check_size, library_comm, mesh_comm, mpi, node_comm, topology
 from .context import Context
 from .exchange import Exchange
 from .inputs import (NOT_DONATED, array_kind, check_block, check_out, check_workspace,
@@ -73,17 +73,22 @@ class Variant(enum.Enum):
 
 
 def crossing(mesh, dst_mesh):
-    """True if a call with these meshes takes the between-meshes path.
+    """True if a call with these meshes takes the between-meshes path: a target
+    mesh that differs, or a mesh over only some ranks of its communicator (a
+    mesh over all of them in another order runs on one mesh).
 
     Never raises: a malformed argument takes that path, whose agreement
     then raises on every rank.
     """
     try:
         mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
-        if dst_mesh is None:
-            return mesh.ranks is not None
-        dst_mesh = dst_mesh if isinstance(dst_mesh, Mesh) else Mesh(dst_mesh)
-        return dst_mesh != mesh or mesh.ranks is not None
+        if dst_mesh is not None:
+            dst_mesh = dst_mesh if isinstance(dst_mesh, Mesh) else Mesh(dst_mesh)
+            if dst_mesh != mesh:
+                return True
+        if mesh.ranks is None:
+            return False
+        return sorted(mesh.device_ranks()) != list(range(base_comm(mesh).Get_size()))
     except (ValueError, TypeError):
         return True
 
@@ -293,11 +298,26 @@ class MeshTransfer(Transfer):
             return (plan, w), values
 
         mesh, (plan, w) = check_together("Transfer", mesh, body)
-        return cls._make(mesh, plan, bool(donate), w, bool(checked))
+        return cls._make(mesh, plan, bool(donate), w, bool(checked), replan=True)
 
     @classmethod
-    def _make(cls, mesh, plan, donate, workspace, checked, target_mesh=None):
-        """Set up a Transfer of agreed arguments (collective: sub-communicators)."""
+    def _make(cls, mesh, plan, donate, workspace, checked, target_mesh=None, replan=False):
+        """Set up a Transfer of agreed arguments (collective: sub-communicators,
+        and the communicator's topology on first use).
+
+        A mesh without a topology takes its communicator's; on more than
+        one node, a plan of the planner (``replan``) is made again with it,
+        alike on every rank (the topology is agreed by an allgather), so
+        that its steps know their across-node bytes and a two-level profile
+        prices them.
+        """
+        if mesh.topology is None:
+            nodes = topology(base_comm(mesh)).devices(mesh.device_ranks())
+            if nodes.count > 1:
+                mesh = mesh.with_topology(nodes)
+                if replan:
+                    plan = planner.plan(plan.global_shape, plan.dtype, mesh, plan.src,
+                                        plan.dst, plan.strategy)
         self = object.__new__(cls)
         self._mesh, self._target_mesh = mesh, target_mesh or mesh
         self._plan, self._donate, self._checked = plan, donate, checked
@@ -535,7 +555,8 @@ def _between(global_shape, dtype, mesh, src, dst, dst_mesh, donate, workspace, s
                                                                mesh, body)
     if found is not None:
         refined, plan = found
-        return MeshTransfer._make(refined, plan, bool(donate), w, bool(checked), target)
+        return MeshTransfer._make(refined, plan, bool(donate), w, bool(checked), target,
+                                  replan=True)
     if donate:
         warnings.warn(DonationWarning(
             f"Transfer between meshes {mesh} and {target}: the exchange reads the source "

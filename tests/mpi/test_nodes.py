@@ -1,0 +1,120 @@
+"""Nodes on MPI: the communicator's topology, Mesh.hybrid, meshes over every
+rank in another order, and Transfers that know their nodes.
+
+    timeout 300 mpiexec -n N python -m pytest -q --with-mpi tests/mpi/test_nodes.py
+
+Runs at every N.  On one machine every rank shares one node; the cluster
+stage (scripts/cluster_ci.sh) runs it on two network-namespace nodes, where
+the hybrid mesh crosses them and the Transfer's plan knows its across-node
+bytes.  The oracle for the topology is the ranks' host names (each node of
+the simulated cluster has its own); for the data, tests/oracle.py on the
+device each rank is (device ``d`` is rank ``mesh.ranks[d]``).
+"""
+
+import socket
+
+import numpy as np
+import pytest
+from helpers import all_ok
+
+import oracle
+
+MPI = pytest.importorskip("mpi4py.MPI")
+
+import mpiredist as mr  # noqa: E402
+from mpiredist.runtime.comm import topology  # noqa: E402
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+
+pytestmark = pytest.mark.mpi
+
+
+def _host_topology():
+    return mr.Topology(COMM.allgather(socket.gethostname()))
+
+
+def test_topology_is_the_ranks_host_names_and_is_cached():
+    found = topology(COMM)
+    expected = _host_topology()
+    all_ok(COMM, found == expected, f"rank {RANK}: {found!r}, host names say {expected!r}")
+    all_ok(COMM, topology(COMM) is found, "the topology is found again on a second call")
+    all_ok(COMM, mr.topology() == found, "mr.topology() is COMM_WORLD's")
+
+
+def _hybrid_or_none():
+    t = topology(COMM)
+    per = t.per_node
+    if per is None:
+        return None
+    return mr.Mesh.hybrid({"tp": per}, {"dp": t.count}, COMM)
+
+
+def test_hybrid_mesh_of_the_communicator_runs_and_its_plan_knows_the_nodes():
+    mesh = _hybrid_or_none()
+    if mesh is None:
+        pytest.skip("nodes with different numbers of ranks")
+    t = topology(COMM)
+    device = mesh.device_ranks().index(RANK)
+    all_ok(COMM, mesh.topology.node(device) == t.node(RANK),
+           f"rank {RANK} is device {device} of node {mesh.topology.node(device)}, but is on "
+           f"node {t.node(RANK)}")
+    G = oracle.global_array((13, 10), np.float64, np.random.default_rng(1))
+    axes = list(mesh.axes)
+    for src, dst in ((("dp",), ("tp",)), (("tp",), ("dp",)), (("dp", "tp"), ())):
+        sd, dd = (src, ()), (dst, ())
+        block = oracle.local_block(G, axes, sd, device)
+        with mr.Transfer(G.shape, G.dtype, mesh, oracle.layout_text(sd),
+                         oracle.layout_text(dd)) as tr:
+            out = tr.run(block)
+            plan = tr.plan
+        want = oracle.expected(G, axes, dd, device)
+        all_ok(COMM, np.array_equal(out, want), f"rank {RANK} (device {device}) {sd}->{dd}")
+        if t.count > 1:
+            all_ok(COMM, plan.topology == mesh.topology and
+                   plan.inter_node_bytes_per_rank is not None,
+                   f"on {t.count} nodes the plan knows its nodes: {plan.explain()}")
+
+
+def test_hybrid_refuses_on_every_rank_what_the_nodes_do_not_allow():
+    t = topology(COMM)
+    try:
+        mr.Mesh.hybrid({"tp": SIZE + 1}, {"dp": t.count}, COMM)
+    except mr.MeshError as exc:
+        err = str(exc)
+    else:
+        err = None
+    all_ok(COMM, err is not None and "needs" in err, f"rank {RANK}: {err!r}")
+
+
+@pytest.mark.parametrize("src, dst", [
+    (("x",), ("y",)), (("x", "y"), ()), (("y", "x"), ("x",)), ((), ("y", "x")),
+])
+def test_a_mesh_over_every_rank_in_another_order(src, dst):
+    """Mesh.hybrid of a made-up topology (ranks dealt to two 'nodes' by
+    parity): device d is rank ranks[d], and every rank holds its device's
+    block before and after."""
+    if SIZE < 2 or SIZE % 2:
+        pytest.skip("an even number of ranks")
+    fake = mr.Topology([r % 2 for r in range(SIZE)])
+    mesh = mr.Mesh.hybrid({"y": SIZE // 2}, {"x": 2}, COMM, topology=fake)
+    order = list(mesh.device_ranks())
+    all_ok(COMM, order == list(range(0, SIZE, 2)) + list(range(1, SIZE, 2)), f"{order}")
+    device = order.index(RANK)
+    axes = list(mesh.axes)
+    G = oracle.global_array((7, 9), np.int64, np.random.default_rng(3))
+    sd, dd = (src, ()), (dst, ())
+    block = oracle.local_block(G, axes, sd, device)
+    for strategy in ("collectives", "direct"):
+        with mr.Transfer(G.shape, G.dtype, mesh, oracle.layout_text(sd),
+                         oracle.layout_text(dd), strategy=strategy) as tr:
+            out = tr.run(np.array(block))
+            on_nodes = tr.plan.topology
+        want = oracle.expected(G, axes, dd, device)
+        all_ok(COMM, np.array_equal(out, want),
+               f"rank {RANK} (device {device}) {strategy} {sd}->{dd}: {out} != {want}")
+        all_ok(COMM, on_nodes == fake.devices(order),
+               f"the plan takes the mesh's made-up nodes: {on_nodes!r}")
+    out = mr.redistribute(np.array(block), G.shape, mesh, oracle.layout_text(sd), oracle.layout_text(dd))
+    all_ok(COMM, np.array_equal(out, oracle.expected(G, axes, dd, device)),
+           f"rank {RANK}: redistribute on the reordered mesh")

@@ -232,3 +232,44 @@ def test_step_across_bytes_of_a_move_and_the_bound_directly():
     assert step_across_bytes((64, 64), 4, move, m.axes, mr.Topology.uniform(1, 8)) == 0
     # node 0 holds rows 0:32 and needs all 64 of its columns' rows: 32x16 per device
     assert across_lower_bound((64, 64), 4, before, after, m.axes, TWO_BY_FOUR) == 32 * 16 * 4
+
+
+# -- ranks="auto" by nodes -----------------------------------------------------------
+
+def test_auto_ranks_keep_the_target_blocks_on_the_nodes_that_hold_them():
+    """Source halves on ranks 0 (node 0) and 1 (node 1); the target's quarters
+    0-1 come from half 0, 2-3 from half 1.  Without nodes the ranks left
+    over (2, 3) go in order, and each gets a quarter from the other node;
+    with them, ranks 3 (node 0) and 2 (node 1) take the quarters their node
+    holds."""
+    from mpiredist.planning import crossmesh
+    src, dst = mr.Layout.parse("[{x}]"), mr.Layout.parse("[{x}]")
+    source, target = mr.Mesh({"x": 2}, ranks=[0, 1]), mr.Mesh({"x": 4}, ranks="auto")
+    nodes = mr.Topology([0, 1, 1, 0])
+    plain = crossmesh.relabel((16,), source, src, target, dst, 4)
+    aware = crossmesh.relabel((16,), source, src, target, dst, 4, nodes)
+    assert plain.device_ranks() == (0, 2, 1, 3)
+    assert aware.device_ranks() == (0, 3, 1, 2)
+    on_node = [nodes.node(r) for r in aware.device_ranks()]
+    assert on_node == [0, 0, 1, 1]                  # quarter d on the node of half d // 2
+    p = mr.plan((16,), "f4", source, "[{x}]", "[{x}]", dst_mesh=target, topology=nodes)
+    assert p.dst_mesh.device_ranks() == (0, 3, 1, 2)
+    # one node: the same order as without nodes
+    one = crossmesh.relabel((16,), source, src, target, dst, 4, mr.Topology.uniform(1, 4))
+    assert one.device_ranks() == plain.device_ranks()
+
+
+def test_auto_ranks_by_nodes_keep_the_plain_order_when_it_is_as_good():
+    from mpiredist.planning import crossmesh
+    lay = mr.Layout.parse("[{x}]")
+    source, target = mr.Mesh({"x": 4}), mr.Mesh({"x": 4}, ranks="auto")
+    out = crossmesh.relabel((16,), source, lay, target, lay, 4, mr.Topology([0, 1, 0, 1]))
+    assert out.device_ranks() == (0, 1, 2, 3)
+
+
+def test_auto_ranks_refuse_a_topology_of_another_size():
+    from mpiredist.planning import crossmesh
+    lay = mr.Layout.parse("[{x}]")
+    with pytest.raises(mr.MeshError, match="has 2 ranks, but the communicator 4"):
+        crossmesh.relabel((16,), mr.Mesh({"x": 4}), lay, mr.Mesh({"x": 4}, ranks="auto"), lay,
+                          4, mr.Topology.uniform(1, 2))

@@ -86,7 +86,7 @@ def comm_size_of(*meshes):
     return max(max(m.device_ranks()) + 1 if m.size else 0 for m in meshes)
 
 
-def relabel(shape, src_mesh, src, dst_mesh, dst, comm_size):
+def relabel(shape, src_mesh, src, dst_mesh, dst, comm_size, topology=None):
     """``dst_mesh`` (``ranks="auto"``) with its ranks chosen: every rank, ordered
     to leave the most of each target block where it already is.
 
@@ -95,32 +95,106 @@ def relabel(shape, src_mesh, src, dst_mesh, dst, comm_size):
     device, then rank); devices left over take the ranks left over in
     order.  The plain order ``0..P-1`` is kept unless this keeps more in
     place.  From shapes and layouts alone: every rank chooses alike.
+
+    ``topology``: the node of each rank of the communicator (a
+    :class:`~mpiredist.core.topology.Topology` of ``comm_size``).  On more
+    than one node the devices are first given nodes, greedily by the
+    elements of their target block that the node's ranks hold, as many
+    devices as the node has ranks; then ranks inside each node as above.
+    The plain order is kept unless this moves fewer elements across nodes
+    (or as few, and keeps more in place).
     """
     if dst_mesh.size != comm_size:
         raise MeshError(f"target mesh {dst_mesh}: ranks='auto' orders every rank, but the "
                         f"mesh has {dst_mesh.size} devices and the communicator "
                         f"{comm_size} ranks")
+    if topology is not None and topology.size != comm_size:
+        raise MeshError(f"topology {topology!r} has {topology.size} ranks, but the "
+                        f"communicator {comm_size}")
     sboxes = layout_boxes(shape, src_mesh, src, comm_size)
     tboxes = layout_boxes(shape, Mesh(dst_mesh.axes), dst, comm_size)
-    pairs = []
+    kept = {}                                   # (device, rank) -> elements in place
     for d, tb in enumerate(tboxes):
         for r, sb in enumerate(sboxes):
             common = None if sb is None else (overlap(sb, tb) if tb else ())
             n = 0 if common is None else box_size(common)
             if n:
-                pairs.append((-n, d, r))
+                kept[d, r] = n
+    if topology is None or topology.count == 1:
+        ranks = _assign(range(comm_size), range(comm_size), kept)
+        plain = list(range(comm_size))
+        if _in_place(ranks, kept) <= _in_place(plain, kept):
+            ranks = plain                       # never worse than the plain order
+        return Mesh(dst_mesh.axes, dst_mesh.comm, ranks)
+    nodes = topology.array().tolist()
+    held = _held_on_nodes(sboxes, tboxes, nodes, topology.count)
+    places = [nodes.count(n) for n in range(topology.count)]
+    on = {}                                     # device -> node
+    for _, d, n in sorted((-held[d][n], d, n) for d in range(comm_size)
+                          for n in range(topology.count) if held[d][n]):
+        if d not in on and places[n]:
+            on[d] = n
+            places[n] -= 1
+    for d in range(comm_size):                  # devices no node holds a part of
+        if d not in on:
+            n = next(k for k in range(topology.count) if places[k])
+            on[d], places[n] = n, places[n] - 1
+    ranks = [None] * comm_size
+    for n in range(topology.count):
+        devices = [d for d in range(comm_size) if on[d] == n]
+        mine = [r for r in range(comm_size) if nodes[r] == n]
+        for d, r in zip(devices, _assign(devices, mine, kept)):
+            ranks[d] = r
+    plain = list(range(comm_size))
+
+    def score(order):
+        across = sum(box_size(tb) - held[d][nodes[r]] for d, (tb, r) in
+                     enumerate(zip(tboxes, order)) if tb is not None)
+        return across, -_in_place(order, kept)
+    if score(ranks) >= score(plain):
+        ranks = plain
+    return Mesh(dst_mesh.axes, dst_mesh.comm, ranks)
+
+
+def _assign(devices, ranks, kept):
+    """The rank of each of ``devices`` (in order), from ``ranks``: greedy by the
+    elements in place, largest first; the rest in order."""
+    ranks = list(ranks)
+    mine = set(ranks)
+    pairs = sorted((-n, d, r) for (d, r), n in kept.items() if r in mine)
+    wanted = set(devices)
     chosen, taken = {}, set()
-    for _, d, r in sorted(pairs):
-        if d not in chosen and r not in taken:
+    for _, d, r in pairs:
+        if d in wanted and d not in chosen and r not in taken:
             chosen[d] = r
             taken.add(r)
-    rest = iter(r for r in range(comm_size) if r not in taken)
-    ranks = [chosen[d] if d in chosen else next(rest) for d in range(comm_size)]
-    kept = {(d, r): -n for n, d, r in pairs}
-    if sum(kept.get((d, r), 0) for d, r in enumerate(ranks)) <= \
-            sum(kept.get((d, d), 0) for d in range(comm_size)):
-        ranks = list(range(comm_size))          # never worse than the plain order
-    return Mesh(dst_mesh.axes, dst_mesh.comm, ranks)
+    rest = iter(r for r in ranks if r not in taken)
+    return [chosen[d] if d in chosen else next(rest) for d in devices]
+
+
+def _in_place(order, kept):
+    return sum(kept.get((d, r), 0) for d, r in enumerate(order))
+
+
+def _held_on_nodes(sboxes, tboxes, nodes, count):
+    """``held[d][n]``: elements of device d's target block that node n's ranks hold
+    (distinct source boxes: a replicated block counts once)."""
+    on_node = [set() for _ in range(count)]
+    for r, sb in enumerate(sboxes):
+        if sb is not None:
+            on_node[nodes[r]].add(sb)
+    held = []
+    for tb in tboxes:
+        row = []
+        for boxes in on_node:
+            n = 0
+            if tb is not None:
+                for sb in boxes:
+                    common = overlap(sb, tb) if tb else ()
+                    n += 0 if common is None else box_size(common)
+            row.append(n)
+        held.append(row)
+    return held
 
 
 @dataclass(frozen=True)

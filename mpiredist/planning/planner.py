@@ -71,7 +71,10 @@ def plan(global_shape, dtype, mesh, src, dst, strategy="collectives", allow_exch
         the calibrate file, or the built-in default).
 
     topology : Topology, optional
-        The node of each device (default the mesh's own, if it has one).
+        The node of each device (default the mesh's own, if it has one);
+        between meshes, the node of each rank of the communicator, which
+        orders a ``ranks="auto"`` target to keep bytes inside nodes
+        (:func:`~mpiredist.planning.crossmesh.relabel`).
         Every step then knows its across-node bytes
         (``Step.inter_node_bytes_per_rank``, :mod:`mpiredist.planning.nodes`),
         the plan their sum and what must cross nodes whatever the plan
@@ -95,7 +98,7 @@ def plan(global_shape, dtype, mesh, src, dst, strategy="collectives", allow_exch
     ['all_to_all']
     """
     if _between(mesh, dst_mesh):
-        return _plan_between(global_shape, dtype, mesh, src, dst, strategy, dst_mesh)
+        return _plan_between(global_shape, dtype, mesh, src, dst, strategy, dst_mesh, topology)
     shape, dtype, mesh, src, dst = validate(global_shape, dtype, mesh, src, dst)
     if strategy not in STRATEGIES:
         raise PlanError(f"strategy {strategy!r} is not one of {STRATEGIES}")
@@ -123,21 +126,22 @@ def _between(mesh, dst_mesh):
         return True
 
 
-def _plan_between(global_shape, dtype, mesh, src, dst, strategy, dst_mesh):
-    """:func:`plan` between two meshes: the refined mesh's Plan, or a CrossPlan."""
+def _plan_between(global_shape, dtype, mesh, src, dst, strategy, dst_mesh, topology=None):
+    """:func:`plan` between two meshes: the refined mesh's Plan, or a CrossPlan;
+    ``topology`` (of the communicator's ranks) orders a ``ranks="auto"`` target."""
     target = mesh if dst_mesh is None else dst_mesh
     target = target if isinstance(target, Mesh) else Mesh(target)
     shape, dtype, mesh, src, _ = validate(global_shape, dtype, mesh, src, src)
     _, _, target, dst, _ = validate(shape, dtype, target, dst, dst)
     if target.auto:
         target = crossmesh.relabel(shape, mesh, src, target, dst, max(
-            target.size, crossmesh.comm_size_of(mesh)))
+            target.size, crossmesh.comm_size_of(mesh)), topology)
     size = crossmesh.comm_size_of(mesh, target)
     mesh.check_ranks(size, "source")
     target.check_ranks(size, "target")
     found = crossmesh.route(mesh, src, target, dst, size)
-    if found is not None:
-        return plan(shape, dtype, *found, strategy)
+    if found is not None:                   # one mesh over every rank in order
+        return plan(shape, dtype, *found, strategy, topology=topology)
     return crossmesh.cross_plan(shape, dtype, mesh, src, target, dst, size)
 
 
@@ -153,7 +157,7 @@ def validate(global_shape, dtype, mesh, src, dst):
         raise ShapeError(f"global shape {shape} has a negative length")
     try:
         dtype = np.dtype(dtype)
-    except TypeError as exc:
+    except (TypeError, ValueError, SyntaxError) as exc:  # numpy parses ',' and '(' as Python
         raise ShapeError(f"dtype {dtype!r} is not a numpy dtype: {exc}") from None
     if dtype.hasobject or dtype.itemsize == 0:
         raise ShapeError(f"dtype {dtype} has no fixed size; only fixed-size dtypes move")

@@ -539,20 +539,23 @@ def _between(global_shape, dtype, mesh, src, dst, dst_mesh, donate, workspace, s
             raise PlanError(f"strategy {strategy!r} is not one of {planner.STRATEGIES}")
         shape, dt, _, s, _ = planner.validate(global_shape, dtype, mesh, src, src)
         _, _, _, d, _ = planner.validate(shape, dt, target, dst, dst)
-        if target.auto:
-            target = relabel(shape, mesh, s, target, d, size)
-        target.check_ranks(size, "target")
+        if target.auto:         # ordered after the agreement, by the nodes (collective)
+            relabel(shape, mesh, s, target, d, size)        # raises as it will then
+        else:
+            target.check_ranks(size, "target")
         w = check_workspace(workspace)
         _check_options(donate, checked)
-        found = route(mesh, s, target, d, size)
-        if found is not None:
-            found = found[0], planner.plan(shape, dt, found[0], found[1], found[2], strategy)
+        found = None if target.auto else _route(shape, dt, mesh, s, target, d, size, strategy)
         return (target, shape, dt, s, d, found, w), dict(
             mesh=repr(mesh), dst_mesh=repr(target), shape=shape, dtype=dt, src=s, dst=d,
             workspace=w, strategy=strategy, donate=bool(donate), checked=bool(checked))
 
     mesh, (target, shape, dt, s, d, found, w) = check_together("Transfer between meshes",
                                                                mesh, body)
+    if target.auto:             # alike on every rank: agreed values, the agreed nodes
+        size = base_comm(mesh).Get_size()
+        target = relabel(shape, mesh, s, target, d, size, topology(base_comm(mesh)))
+        found = _route(shape, dt, mesh, s, target, d, size, strategy)
     if found is not None:
         refined, plan = found
         return MeshTransfer._make(refined, plan, bool(donate), w, bool(checked), target,
@@ -562,6 +565,14 @@ def _between(global_shape, dtype, mesh, src, dst, dst_mesh, donate, workspace, s
             f"Transfer between meshes {mesh} and {target}: the exchange reads the source "
             "block in place, so a donation is not honoured on this route"), stacklevel=3)
     return CrossTransfer._make(mesh, target, shape, dt, s, d, w, bool(checked))
+
+
+def _route(shape, dtype, mesh, src, target, dst, size, strategy):
+    """``(refined mesh, its Plan)`` if the meshes nest (see :func:`_between`), else None."""
+    found = route(mesh, src, target, dst, size)
+    if found is None:
+        return None
+    return found[0], planner.plan(shape, dtype, found[0], found[1], found[2], strategy)
 
 
 class CrossTransfer(Transfer):

@@ -20,6 +20,15 @@ of the slowest rank's time, so all ranks compute the same profile:
     between plans of equal bytes),
     ``Allgather``, ``Reduce_scatter_block``, ``Allreduce`` and a ring
     ``Sendrecv`` (permute); the latency of the model's rounds is taken off.
+``beta_across[op][G]``
+    on two or more nodes (:func:`mpiredist.runtime.comm.topology`, every
+    node with as many ranks): ``beta`` is measured on groups inside nodes
+    (G dividing the ranks per node, every node's groups at once), and
+    ``beta_across`` on groups of G ranks on G different nodes (the j-th rank
+    of each, every j at once, so the ranks of a node share its link as a
+    plan's steps do): bytes per second per rank of bytes that cross nodes.
+    The planner prices a step's across-node bytes at these
+    (:mod:`mpiredist.planning.nodes`).  Nodes of different sizes: one level.
 ``pack_rate``
     bytes per second of copying half the columns of a block into a
     contiguous buffer (what packing a strided piece costs).
@@ -144,17 +153,51 @@ def _local_rates(comm, nbytes, repeats):
     return pack, _rate(half.nbytes, extra), memory
 
 
-def measure(comm, nbytes=4 << 20, repeats=5):
-    """The profile dictionary (collective; identical on every rank)."""
+def measure(comm, nbytes=4 << 20, repeats=5, topology=None):
+    """The profile dictionary (collective; identical on every rank).
+
+    ``topology``: the node of each rank (default the communicator's own,
+    :func:`mpiredist.runtime.comm.topology`); on two or more nodes of equal
+    size the rates are measured by link class (module docstring).
+    """
     from mpi4py import MPI
 
-    from ..planning.profile import OPS, VERSION
+    from ..planning.profile import VERSION
+    from ..runtime.comm import topology as find_topology
 
     size, rank = comm.Get_size(), comm.Get_rank()
+    nodes = find_topology(comm) if topology is None else topology
     alpha = _latency(comm, repeats)
+    doc = {"version": VERSION, "alpha": alpha}
+    if nodes.count > 1 and nodes.per_node is not None:
+        node = nodes.node(rank)
+        j = [r for r in range(size) if nodes.node(r) == node].index(rank)   # place on node
+        doc["beta"] = _rates(comm, nbytes, repeats, alpha, _groups(nodes.per_node),
+                             lambda g: (node, j // g), j)
+        doc["beta_across"] = _rates(comm, nbytes, repeats, alpha, _groups(nodes.count),
+                                    lambda g: (j, node // g), node)
+        doc.update(nodes=nodes.count, ranks_per_node=nodes.per_node)
+    else:
+        doc["beta"] = _rates(comm, nbytes, repeats, alpha, _groups(size),
+                             lambda g: (rank // g,), rank)
+    pack, datatype, memory = _local_rates(comm, nbytes, repeats)
+    doc.update(pack_rate=pack, datatype_rate=datatype, memory_bandwidth=memory, ranks=size,
+               bytes=nbytes, repeats=repeats, host=platform.node(),
+               mpi=MPI.Get_library_version().splitlines()[0].strip(),
+               date=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    return doc
+
+
+def _rates(comm, nbytes, repeats, alpha, groups, color, key):
+    """``{op: {G: bytes/s}}`` on the groups of each size G in ``groups``:
+    ranks with the same ``color(G)`` form one (ordered by ``key``), all
+    groups at once."""
+    from ..planning.profile import OPS
+
     beta = {op: {} for op in OPS}
-    for g in _groups(size):
-        sub = comm.Split(rank // g, rank)
+    for g in groups:
+        a, b = (color(g) + (0,))[:2]
+        sub = comm.Split(a * comm.Get_size() + b, key)
         try:
             for op in OPS:
                 if op == "exchange":            # measured once with all_to_all (above)
@@ -164,12 +207,7 @@ def measure(comm, nbytes=4 << 20, repeats=5):
                 beta[op][str(g)] = _rate(nbytes, t, ROUNDS[op](g) * alpha)
         finally:
             sub.Free()
-    pack, datatype, memory = _local_rates(comm, nbytes, repeats)
-    return {"version": VERSION, "alpha": alpha, "beta": beta, "pack_rate": pack,
-            "datatype_rate": datatype, "memory_bandwidth": memory, "ranks": size,
-            "bytes": nbytes, "repeats": repeats, "host": platform.node(),
-            "mpi": MPI.Get_library_version().splitlines()[0].strip(),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    return beta
 
 
 def _parser():
@@ -216,9 +254,14 @@ def _calibrate(args, comm):
         print(f"  alpha {doc['alpha'] * 1e6:.2f} us; pack {doc['pack_rate'] / 1e9:.2f} GB/s, "
               f"datatype {doc['datatype_rate'] / 1e9:.2f} GB/s, "
               f"copy {doc['memory_bandwidth'] / 1e9:.2f} GB/s")
-        for op, sizes in doc["beta"].items():
-            text = ", ".join(f"G={g}: {b / 1e9:.2f}" for g, b in sizes.items())
-            print(f"  {op:15s} GB/s per rank  {text}")
+        if "beta_across" in doc:
+            print(f"  {doc['nodes']} nodes x {doc['ranks_per_node']} ranks: within nodes, "
+                  "then across them")
+        for key in ("beta", "beta_across"):
+            for op, sizes in doc.get(key, {}).items():
+                text = ", ".join(f"G={g}: {b / 1e9:.2f}" for g, b in sizes.items())
+                print(f"  {op:15s} GB/s per rank  {text}" + ("  (across nodes)"
+                      if key == "beta_across" else ""))
     comm.Barrier()
     return 0
 

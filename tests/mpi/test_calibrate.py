@@ -60,3 +60,30 @@ def test_ranks_with_different_profiles_raise_together(comm, monkeypatch, tmp_pat
     monkeypatch.delenv(profiles.ENV, raising=False)
     t = mr.Transfer((64, 64), "float32", {"x": comm.size}, "[{x},{}]", "[{},{x}]")
     t.free()                                    # agreed again: usable afterwards
+
+
+def test_calibrate_on_two_nodes_measures_both_link_classes(comm):
+    """With two nodes (made up here: ranks by parity; the cluster stage has
+    real ones) the profile has rates inside nodes on groups that divide the
+    ranks per node, and across nodes on groups of one rank per node; the
+    planner reads both."""
+    from helpers import need_ranks
+
+    from mpiredist.bench.calibrate import measure
+    need_ranks(comm, 4)
+    if comm.size % 2:
+        pytest.skip("two nodes of equal size need an even number of ranks")
+    nodes = mr.Topology([r % 2 for r in range(comm.size)])
+    doc = measure(comm, 16 << 10, 2, topology=nodes)
+    within = {str(g) for g in _groups(comm.size // 2)}
+    ok = (set(doc["beta"]) == set(profiles.OPS) == set(doc["beta_across"])
+          and all(set(v) == within for v in doc["beta"].values())
+          and all(set(v) == {"2"} for v in doc["beta_across"].values())
+          and all(b > 0 for v in doc["beta_across"].values() for b in v.values())
+          and (doc["nodes"], doc["ranks_per_node"]) == (2, comm.size // 2))
+    all_ok(comm, ok, f"two-level profile: {doc}")
+    prof = profiles.Profile.from_dict(doc)
+    all_ok(comm, prof.beta_across and prof.beta_for("all_gather", 2, across=True)
+           == doc["beta_across"]["all_gather"]["2"], f"{prof}")
+    all_ok(comm, comm.allgather(prof.key) == [prof.key] * comm.size,
+           "every rank measured the same profile")

@@ -24,6 +24,7 @@ counted as crossing), the lower bound up to ``EXACT_BOUND`` (past it: None).
 """
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -31,7 +32,6 @@ from ..core.blocks import block_index, rank_block, slab_interval
 from ..core.mesh import Mesh
 from ..core.subaxes import group_size, mesh_sub_axes, rank_digits
 from .pieces import Holders, layout_sources, layout_targets, send_pieces
-from .routing import permute_dest
 
 __all__ = ["Move", "step_across_bytes", "across_lower_bound", "EXACT_PAIRS", "EXACT_EXCHANGE",
            "EXACT_BOUND"]
@@ -84,6 +84,36 @@ class _Devices:
             out += digit * self.strides[s]
         return out
 
+    def digit(self, s, devices=None):
+        """Digit of sub-axis ``s`` of each device."""
+        devices = self.all if devices is None else devices
+        return devices // self.strides[s] % s.size
+
+    def index(self, group):
+        """Mixed-radix index over ``group`` of each device (first sub-axis major)."""
+        out = np.zeros(self.size, dtype=np.int64)
+        for s in group:
+            out = out * s.size + self.digit(s)
+        return out
+
+    def permute_dest(self, before, after):
+        """The device that receives each device's ``before`` block in a permute
+        (:func:`mpiredist.planning.routing.permute_dest`, for every device at once):
+        its ``after`` block is that block, the digits neither layout fixes kept."""
+        used_b, used_a = after.used(), before.used()          # the receiver's view
+        free_b = [s for s in self.space if s not in used_b and s in used_a]
+        free_a = [s for s in self.space if s not in used_a and s in used_b]
+        digits = {s: self.digit(s) for s in self.space}
+        out = dict(digits)
+        for group_b, group_a in zip(after.dims, before.dims):
+            p = self.index(group_a)
+            for s in reversed(group_b):
+                p, out[s] = np.divmod(p, s.size)
+        q = self.index(free_a)
+        for s in reversed(free_b):
+            q, out[s] = np.divmod(q, s.size)
+        return sum(out[s] * self.strides[s] for s in self.space)
+
     def others(self, group):
         """Members of each device's group on other nodes than the device's."""
         key = self.base(group) * (int(self.nodes.max()) + 1) + self.nodes
@@ -117,6 +147,13 @@ def step_across_bytes(shape, itemsize, step, mesh_axes, topology):
     nodes in ``step`` (a Step or a :class:`Move`)."""
     if step.op == "slice" or topology.count == 1 or not step.bytes_sent_per_rank:
         return 0
+    return _across(tuple(shape), itemsize, step.op, tuple(step.axes), step.before, step.after,
+                   step.bytes_sent_per_rank, tuple(mesh_axes), topology)
+
+
+@lru_cache(maxsize=1024)            # the planner prices the same moves in many candidates
+def _across(shape, itemsize, op, axes, before, after, sent, mesh_axes, topology):
+    step = Move(op, axes, before, after, sent)
     dev = _Devices(mesh_axes, topology)
     if step.op == "all_gather":
         sent, got = _gathered(dev, shape, step)
@@ -182,10 +219,8 @@ def _slices(dev, shape, step):
 
 
 def _permuted(dev, shape, step, mesh_axes):
-    mesh = Mesh(mesh_axes)
     vol = dev.volumes(shape, step.before)
-    dest = np.array([permute_dest(mesh, step.before, step.after, rank_digits(mesh, d))
-                     for d in range(dev.size)], dtype=np.int64)
+    dest = dev.permute_dest(step.before, step.after)
     away = dev.nodes[dest] != dev.nodes
     got = np.zeros(dev.size, dtype=np.int64)
     np.add.at(got, dest, np.where(away, vol, 0))

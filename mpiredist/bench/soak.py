@@ -685,7 +685,7 @@ def main(argv=None, comm=None):
     comms = communicators(world)
     summary = soak(world, args.seed, indices, verbose=args.verbose, comms=comms)
     if world.Get_rank() == 0:
-        library = MPI.Get_library_version().strip().splitlines()[0].split(",")[0].strip()
+        library = " ".join(MPI.Get_library_version().splitlines()[0].split(",")[0].split())
         print(report(summary, library), flush=True)
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:

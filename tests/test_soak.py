@@ -145,12 +145,8 @@ print("freed", MPI.COMM_WORLD.rank, flush=True)
 
 
 @pytest.mark.skipif(_MPIEXEC is None, reason="no mpiexec next to this Python or on PATH")
-@pytest.mark.xfail(strict=True, reason=(
-    "SIGSEGV in MPI_Comm_free of a communicator that mpiredist cached a Transfer's "
-    "topology on (since cc857c7): comm.topology() runs a lowercase object allreduce "
-    "(op=MIN) on the node communicator, after which freeing the base communicator "
-    "crashes in mpi4py's attribute delete callback (PMPI_Topo_test), under MPICH; a "
-    "buffer Allreduce there instead does not crash (checked: 3 of 3 jobs passed)"))
+# Regression: freeing a communicator whose topology mpiredist had found
+# segfaulted under MPICH when that used mpi4py's object allreduce (cc857c7).
 def test_freeing_the_soaks_communicators_does_not_crash():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))

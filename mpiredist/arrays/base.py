@@ -231,6 +231,7 @@ class DistArrayBase:
         """In-place form: donate this block and take the result (collective)."""
         new = self.redistribute(dst, donate=True, **kwargs)
         self._local, self._layout, self._dtype = new._local, new._layout, new._dtype
+        self._mesh = new._mesh          # the target's, between meshes
         return self
 
     def gather(self):

@@ -7,6 +7,8 @@ ordered so that a member's rank in the sub-communicator is its mixed-radix
 index over the group (first sub-axis major).
 """
 
+import numpy as np
+
 from ..core import mesh as _mesh
 from ..core.errors import MeshError
 from ..core.topology import Topology
@@ -181,8 +183,15 @@ def topology(base=None):
     cache = _cache(base)
     found = cache.get(TOPOLOGY)
     if found is None:
-        leader = node_comm(base).allreduce(base.Get_rank(), op=mpi().MIN)
-        found = cache[TOPOLOGY] = Topology(base.allgather(leader))
+        # buffer collectives: mpi4py's object reductions keep a duplicate of the
+        # communicator in an attribute of their own, and freeing node_comm
+        # from _on_free then crashed MPI_Comm_free under MPICH (found by the soak)
+        mine = np.array([base.Get_rank()], dtype=np.int64)
+        leader = np.empty(1, dtype=np.int64)
+        node_comm(base).Allreduce(mine, leader, op=mpi().MIN)
+        leaders = np.empty(base.Get_size(), dtype=np.int64)
+        base.Allgather(leader, leaders)
+        found = cache[TOPOLOGY] = Topology(leaders.tolist())
     return found
 
 

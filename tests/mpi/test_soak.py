@@ -18,15 +18,11 @@ from mpiredist.core.layout import Layout
 
 SEED, CASES = 11, 40
 
-# The failure of test_redistribute__takes_the_target_mesh (xfail below): until
-# it is fixed the soak reports it on the redistribute_ route between meshes.
-KNOWN = "result has mesh"
 
 
 @pytest.fixture(scope="module")
 def comms(comm):
-    """The soak's sub-communicators, made once and not freed: freeing them crashes
-    (tests/test_soak.py::test_freeing_the_soaks_communicators_does_not_crash)."""
+    """The soak's sub-communicators, made once for the module."""
     return soak.communicators(comm)
 
 
@@ -36,11 +32,6 @@ def _agreed(comm, summary):
     if comm.rank == 0:
         found = [(c.index, str(c), p) for c, p in summary.failures]
     return comm.bcast(found)
-
-
-def _unknown(failures):
-    return [f for f in failures
-            if any(not p.startswith(KNOWN) for found in f[2].values() for p in found)]
 
 
 def _first(comm, wanted):
@@ -71,7 +62,7 @@ def test_random_cases_pass(comm, comms):
     summary = soak.soak(comm, SEED, range(CASES), comms=comms)
     failures = _agreed(comm, summary)
     all_ok(comm, summary.passed + len(failures) == CASES, "the soak lost cases")
-    all_ok(comm, not _unknown(failures), f"soak failures: {_unknown(failures)}")
+    all_ok(comm, not failures, f"soak failures: {failures}")
 
 
 @pytest.mark.mpi
@@ -126,11 +117,6 @@ def test_an_exception_on_one_rank_fails_the_case_on_every_rank(comm, comms):
 
 
 @pytest.mark.mpi
-@pytest.mark.xfail(strict=True, reason=(
-    "DistArray.redistribute_(dst, mesh=other) returns the target block but keeps the "
-    "source mesh: arrays/base.py redistribute_ copies _local, _layout and _dtype of the "
-    "result, not _mesh (found by the soak: seed 1 case 58 at 3 ranks, "
-    "mpiexec -n 3 python -m mpiredist.bench.soak --seed 1 --case 58)"))
 def test_redistribute__takes_the_target_mesh(comm):
     n = comm.size
     src = mr.Mesh({"x": n})

@@ -85,7 +85,13 @@ collectives' median, and where inplace or donated allocates over the limit.
 
 --plan-only --ranks N models every case scaled onto N devices with the
 alpha-beta model of bench/model.py (no MPI; N must be a case's mesh size times
-or divided by a power of two).
+or divided by a power of two); --ranks-per-node R plans and prices them for
+nodes of R devices (the two-level model: across-node bytes at --beta-across).
+
+--nodes runs the cases that matter across nodes instead (bench/nodes.py):
+the shared cases on meshes whose major or minor digits cross nodes, and
+train-to-serve between nodes, against XLA's plans, raw MPI and the link
+limit (--link-rate), with the bytes the network interfaces counted.
 """
 
 
@@ -136,6 +142,12 @@ def build_parser():
                        "onto (default: each case's own mesh)")
     model.add_argument("--alpha", type=float, metavar="S", help="seconds per message")
     model.add_argument("--beta", type=float, metavar="BPS", help="bytes per second per rank")
+    model.add_argument("--ranks-per-node", type=int, metavar="R", help="plan for nodes of R "
+                       "devices (device d on node d // R) with the two-level model: bytes "
+                       "that cross nodes at the across-node rate")
+    model.add_argument("--beta-across", type=float, metavar="BPS", help="bytes per second "
+                       "per rank across nodes (default: the profile's, measured by calibrate "
+                       "on two or more nodes, else a tenth of beta)")
     return p
 
 
@@ -220,7 +232,11 @@ def _plan_only(args, opts):
 
     if args.ranks is not None and args.ranks < 1:
         raise ShapeError(f"--ranks {args.ranks} must be a positive integer")
-    if args.alpha is None and args.beta is None:
+    if args.ranks_per_node is not None:
+        net = _two_level(args)
+    elif args.beta_across is not None:
+        raise PlanError("--beta-across prices bytes across nodes: give --ranks-per-node")
+    elif args.alpha is None and args.beta is None:
         from ..planning.profile import current
         net = current()                  # MPIREDIST_PROFILE, the calibrate file, or built-in
     else:
@@ -232,8 +248,13 @@ def _plan_only(args, opts):
     if opts.user is not None:
         cases = cases + [opts.user]
     strategies = [s for s in opts.strategies if s in STRATEGIES]
-    rows = plan_only_table(args.ranks, strategies, cases, opts.scale, net)
+    rows = plan_only_table(args.ranks, strategies, cases, opts.scale, net,
+                           per_node=args.ranks_per_node)
     where = f"{args.ranks} devices" if args.ranks else "each case's own mesh"
+    if args.ranks_per_node is not None:
+        across = sorted({b for _, _, b in net.beta_across})
+        where += (f", nodes of {args.ranks_per_node} (across nodes "
+                  f"{'/'.join(f'{b:g}' for b in across)} B/s per rank)")
     beta = getattr(net, "beta", None) if isinstance(net, Network) else None
     figures = (f"alpha {net.alpha:g} s/message, beta {beta:g} B/s per rank (bench/model.py)"
                if beta is not None else f"profile: {net.source}, alpha {net.alpha:g} s/message")
@@ -246,6 +267,32 @@ def _plan_only(args, opts):
             json.dump({"ranks": args.ranks, "scale": opts.scale, "alpha": net.alpha,
                        "beta": beta, "rows": [r.to_dict() for r in rows]}, f, indent=1)
     return 0
+
+
+def _two_level(args):
+    """The profile of ``--ranks-per-node``: the current one (or ``--alpha``/``--beta``)
+    with across-node rates (``--beta-across``, the profile's, or a tenth of beta)."""
+    import dataclasses
+
+    from ..planning.profile import OPS, current
+
+    if args.ranks_per_node < 1:
+        raise ShapeError(f"--ranks-per-node {args.ranks_per_node} must be a positive integer")
+    for name in ("alpha", "beta", "beta_across"):
+        value = getattr(args, name)
+        if value is not None and not (value > 0 or (name == "alpha" and value == 0)):
+            raise PlanError(f"--{name.replace('_', '-')} {value} must be a positive number")
+    net = current()
+    if args.alpha is not None or args.beta is not None:
+        net = dataclasses.replace(net, alpha=net.alpha if args.alpha is None else args.alpha,
+                                  default_beta=net.default_beta if args.beta is None
+                                  else args.beta, beta=() if args.beta is not None
+                                  else net.beta)
+    if args.beta_across is not None:
+        across = tuple((op, 1, args.beta_across) for op in OPS)
+    else:
+        across = net.beta_across or tuple((op, 1, net.default_beta / 10) for op in OPS)
+    return dataclasses.replace(net, beta_across=across)
 
 
 def _run(args, opts, comm):

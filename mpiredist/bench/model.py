@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 from ..core.errors import MeshError, MpiredistError, PlanError
 from ..core.mesh import Mesh
+from ..core.topology import Topology
 from ..planning import planner
 from ..planning.model import (ALPHA, BETA, MEMORY_BANDWIDTH, Network, Prediction,
                               exchange_peers, predict, recv_peers, step_rounds)
@@ -91,6 +92,8 @@ class Row:
     seconds: float = None
     ops: tuple = ()
     note: str = ""
+    inter_node_bytes_per_rank: int = None               # with ranks per node
+    inter_node_lower_bound_bytes_per_rank: int = None
 
     def to_dict(self):
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -98,21 +101,23 @@ class Row:
         return out
 
 
-def _make_plan(case, shared, strategy):
+def _make_plan(case, shared, strategy, topology=None, profile=None):
     """``(plan, None)`` or ``(None, why not)`` for one row of the table."""
     if strategy == "xla":
         if not shared or case.mesh != shared.mesh:
             return None, "XLA's plan exists only for the shared cases on their own mesh"
         from .xla import xla_plan
-        return xla_plan(case.id, case.shape), None
-    return planner.plan(case.shape, "float32", case.mesh, case.src, case.dst, strategy), None
+        return xla_plan(case.id, case.shape, topology=topology), None
+    return planner.plan(case.shape, "float32", case.mesh, case.src, case.dst, strategy,
+                        profile=profile, topology=topology), None
 
 
-def _row(case, shared, strategy, network):
+def _row(case, shared, strategy, network, topology=None):
     row = Row(case.id, math.prod(case.mesh.values()), str(Mesh(case.mesh)), case.shape,
               strategy)
+    profile = network if hasattr(network, "step_seconds") else None
     try:
-        p, why = _make_plan(case, shared, strategy)
+        p, why = _make_plan(case, shared, strategy, topology, profile)
     except MpiredistError as exc:
         p, why = None, f"not planned: {exc}"
     if p is None:
@@ -123,11 +128,13 @@ def _row(case, shared, strategy, network):
                    lower_bound_bytes_per_rank=p.lower_bound_bytes_per_rank,
                    peak_over_max=p.peak_local_bytes / big if big else 1.0,
                    rounds=pred.rounds, seconds=pred.seconds,
-                   ops=tuple(s.op for s in p.steps), note=p.note)
+                   ops=tuple(s.op for s in p.steps), note=p.note,
+                   inter_node_bytes_per_rank=p.inter_node_bytes_per_rank,
+                   inter_node_lower_bound_bytes_per_rank=p.inter_node_lower_bound_bytes_per_rank)
 
 
 def plan_only_table(ranks=None, strategies=STRATEGIES, cases=None, scale=1,
-                    network=None, keep_shape=False):
+                    network=None, keep_shape=False, per_node=None):
     """Plan every case on ``ranks`` devices and model each plan; no MPI.
 
     Parameters
@@ -144,6 +151,12 @@ def plan_only_table(ranks=None, strategies=STRATEGIES, cases=None, scale=1,
     network : Network, optional
     keep_shape : bool
         Keep the (scaled) shape instead of growing it with the mesh.
+    per_node : int, optional
+        Devices per node: each case is planned for
+        ``Topology.uniform(N // per_node, per_node)`` (device d on node
+        d // per_node; MeshError unless it divides N), its rows get the
+        across-node bytes, and a profile with across-node rates (``network``)
+        both chooses the plans and prices them (the two-level model).
 
     Returns
     -------
@@ -163,25 +176,37 @@ def plan_only_table(ranks=None, strategies=STRATEGIES, cases=None, scale=1,
         mesh = grow_mesh(case.mesh, n)
         shape = case.shape if keep_shape or n <= size else grow_shape(case.shape, n // size)
         grown = replace(case, mesh=mesh, shape=shape)
-        rows.extend(_row(grown, shared, strategy, network) for strategy in strategies)
+        topology = None
+        if per_node is not None:
+            if per_node < 1 or n % per_node:
+                raise MeshError(f"{per_node} devices per node do not divide the {n} devices "
+                                f"of {case.id}")
+            topology = Topology.uniform(n // per_node, per_node)
+        rows.extend(_row(grown, shared, strategy, network, topology) for strategy in strategies)
     return rows
 
 
 def format_table(rows):
-    """The rows as an aligned text table (sizes in MiB, time in ms)."""
-    head = ("case", "ranks", "mesh", "strategy", "sent MiB", "bound MiB", "peak/max",
-            "rounds", "model ms", "steps")
+    """The rows as an aligned text table (sizes in MiB, time in ms); with
+    across-node figures (``per_node``), two more columns: the plan's bytes
+    across nodes per rank and their lower bound."""
+    nodes = any(r.inter_node_bytes_per_rank is not None for r in rows)
+    head = ("case", "ranks", "mesh", "strategy", "sent MiB", "bound MiB") + (
+        ("across MiB", "across bound") if nodes else ()) + (
+        "peak/max", "rounds", "model ms", "steps")
+    mib = (lambda v: "-" if v is None else f"{v / 2**20:.2f}")
     lines = [head]
     for r in rows:
         if r.seconds is None:
-            lines.append((r.case, str(r.ranks), r.mesh, r.strategy) + ("-",) * 5
-                         + (r.note,))
+            lines.append((r.case, str(r.ranks), r.mesh, r.strategy)
+                         + ("-",) * (len(head) - 5) + (r.note,))
             continue
         lines.append((r.case, str(r.ranks), r.mesh, r.strategy,
-                      f"{r.bytes_sent_per_rank / 2**20:.2f}",
-                      f"{r.lower_bound_bytes_per_rank / 2**20:.2f}",
-                      f"{r.peak_over_max:.2f}", str(r.rounds), f"{r.seconds * 1e3:.3f}",
-                      ",".join(r.ops) or "-"))
+                      mib(r.bytes_sent_per_rank), mib(r.lower_bound_bytes_per_rank))
+                     + ((mib(r.inter_node_bytes_per_rank),
+                         mib(r.inter_node_lower_bound_bytes_per_rank)) if nodes else ())
+                     + (f"{r.peak_over_max:.2f}", str(r.rounds), f"{r.seconds * 1e3:.3f}",
+                        ",".join(r.ops) or "-"))
     widths = [max(len(line[c]) for line in lines) for c in range(len(head) - 1)]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(line, widths + [0])).rstrip()
                      for line in lines)

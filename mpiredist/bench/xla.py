@@ -146,7 +146,7 @@ def xla_ops(case_id):
     return [XLA_OP_NAMES[n] for n in names]
 
 
-def xla_plan(case_id, shape=None, dtype="float32"):
+def xla_plan(case_id, shape=None, dtype="float32", topology=None):
     """XLA's plan for shared case ``case_id`` (``"c04"`` or the full id).
 
     Parameters
@@ -155,6 +155,8 @@ def xla_plan(case_id, shape=None, dtype="float32"):
     shape : sequence of int, optional
         The global shape (default: the case's); the moves do not depend on it.
     dtype : numpy dtype, default float32
+    topology : Topology, optional
+        The node of each device: the plan then knows its across-node bytes.
 
     Returns
     -------
@@ -174,7 +176,7 @@ def xla_plan(case_id, shape=None, dtype="float32"):
         _check_nesting(case.id, shape, state, move)
         state = move[3]
     note = "XLA: " + load_xla_plans()[case.id]["xla_sequence"]
-    return assemble(shape, dtype, mesh, src, dst, "xla", moves, note)
+    return assemble(shape, dtype, mesh, src, dst, "xla", moves, note, topology)
 
 
 def _check_nesting(case_id, shape, before, move):

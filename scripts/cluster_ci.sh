@@ -13,7 +13,8 @@
 #   mpich srun      srun --mpi=pmi2
 #   openmpi mpirun  mpirun --hostfile, plm_ssh_agent = node-ssh
 #   openmpi srun    srun --mpi=pmix
-# and once more under hydra at WIDE_PPN ranks per node;
+# and once more under hydra at WIDE_PPN ranks per node; calibrate --quick and
+# bench --nodes under hydra at 2 x 4 ranks;
 # run as scripts/test.sh runs pytest (each rank writes its exit status,
 # rank 0 prints, the others log to files); then slurm/tests.sbatch and
 # slurm/bench.sbatch, unchanged, with `sbatch --wait -N 2` and the overrides
@@ -51,6 +52,10 @@
 #                                     in a run (default 1)
 #   MPIREDIST_CLUSTER_SRUN_MPICH_ENV  environment of MPICH under srun
 #                                     (default MPIR_CVAR_CH4_NETMOD=ofi)
+#   MPIREDIST_CLUSTER_BENCH=0         skip calibrate and bench --nodes (defaults:
+#                                     MPIREDIST_CLUSTER_BENCH_PPN=4,
+#                                     MPIREDIST_CLUSTER_BENCH_SCALE=8,
+#                                     MPIREDIST_CLUSTER_BENCH_CASES=c01,c02,c11,c12,c14,t2s,fsdp2s)
 #   MPIREDIST_CLUSTER_SBATCH=0        skip the two sbatch jobs
 #   MPIREDIST_SLURM_SERIAL_TESTS, MPIREDIST_SLURM_MPI_TESTS, MPIREDIST_SLURM_BENCH_CASES,
 #   MPIREDIST_SLURM_BENCH_ARGS        as in scripts/slurm_ci.sh (defaults: a subset)
@@ -74,7 +79,7 @@ WIDE_PPN="${MPIREDIST_CLUSTER_WIDE_PPN-3}"
 IFS=, read -r -a ROUTES <<<"${MPIREDIST_CLUSTER_ROUTES-mpich hydra,mpich srun pmi2,openmpi mpirun,openmpi srun pmix}"
 RUN_TIMEOUT="${MPIREDIST_CLUSTER_TIMEOUT:-300}"
 MIN_BYTES=$((${MPIREDIST_CLUSTER_MIN_MIB:-1} * 2**20))
-read -r -a TESTS <<<"${MPIREDIST_CLUSTER_TESTS:-tests/mpi/test_redistribute.py tests/mpi/test_cross_mesh.py tests/mpi/test_analytics_ops.py tests/mpi/test_transfer.py tests/mpi/test_donation.py}"
+read -r -a TESTS <<<"${MPIREDIST_CLUSTER_TESTS:-tests/mpi/test_redistribute.py tests/mpi/test_cross_mesh.py tests/mpi/test_analytics_ops.py tests/mpi/test_transfer.py tests/mpi/test_donation.py tests/mpi/test_nodes.py}"
 read -r -a SRUN_MPICH_ENV <<<"${MPIREDIST_CLUSTER_SRUN_MPICH_ENV-MPIR_CVAR_CH4_NETMOD=ofi}"
 HANG_DUMP="${MPIREDIST_HANG_DUMP:-120}"
 VENV="$REPO/.venv"
@@ -273,6 +278,36 @@ done
 for p in $WIDE_PPN; do
     cluster_run "mpich hydra" "$p" "$@"
 done
+
+# ------------------------------------------------- calibrate, bench --nodes
+# Two link classes measured across the nodes (calibrate --quick), then the
+# benchmark across nodes under that profile at 2 x BENCH_PPN ranks: every
+# case checked against its global array, the links' bytes in its table.
+if [ "${MPIREDIST_CLUSTER_BENCH:-1}" = 1 ]; then
+    BENCH_PPN="${MPIREDIST_CLUSTER_BENCH_PPN:-4}"
+    set_route "mpich hydra" "$BENCH_PPN"
+    header "calibrate --quick, then bench --nodes (2 nodes x $BENCH_PPN ranks, hydra)"
+    t="$(now)"
+    run_counted env "${RUN_ENV[@]}" timeout "$RUN_TIMEOUT" "${RUN_LAUNCH[@]}" \
+        python -m mpiredist calibrate --quick --json "$LOGROOT/profile.json"
+    rc="$RUN_RC"
+    if [ "$rc" = 0 ]; then
+        run_counted env "${RUN_ENV[@]}" MPIREDIST_PROFILE="$LOGROOT/profile.json" \
+            timeout "$RUN_TIMEOUT" "${RUN_LAUNCH[@]}" python -m mpiredist.bench --nodes \
+            --scale "${MPIREDIST_CLUSTER_BENCH_SCALE:-8}" --repeats 2 --no-progress \
+            ${RATE:+--link-rate "$RATE"} --json "$LOGROOT/nodes.json" \
+            --cases "${MPIREDIST_CLUSTER_BENCH_CASES:-c01,c02,c11,c12,c14,t2s,fsdp2s}"
+        rc="$RUN_RC"
+    fi
+    if [ "$rc" != 0 ]; then
+        status="FAILED (rc=$rc)"
+    elif [ "$BYTES_OK" != 1 ]; then
+        status="FAILED (< $((MIN_BYTES / 2**20)) MiB over a link)"
+    else
+        status=ok
+    fi
+    record "bench --nodes 2x$BENCH_PPN" "$status" "$t" "$BYTES_TEXT"
+fi
 
 # ----------------------------------------------------------------- sbatch
 if [ "${MPIREDIST_CLUSTER_SBATCH:-1}" = 1 ]; then

@@ -135,6 +135,12 @@ def build_parser():
     user.add_argument("--dst", metavar="LAYOUT", help="target layout, e.g. '[{},{x}]'")
     user.add_argument("--dtype", default="float32", help="element type of every case "
                       "(default float32)")
+    nodes = p.add_argument_group("across nodes (bench/nodes.py; two or more nodes)")
+    nodes.add_argument("--nodes", action="store_true", help="run the cases that matter "
+                       "across nodes instead: the shared cases on meshes whose major or minor "
+                       "digits cross nodes, train-to-serve between nodes (default --scale 2)")
+    nodes.add_argument("--link-rate", metavar="RATE", help="the links' rate for the link "
+                       "limit, as tc writes it (e.g. 1gbit; default: measured)")
     model = p.add_argument_group("model only (no MPI)")
     model.add_argument("--plan-only", action="store_true", help="print bytes, peak/max, "
                        "rounds and modelled time per case and strategy; no MPI")
@@ -209,6 +215,15 @@ def main(argv=None, comm=None):
             return _plan_only(args, opts)
     except (MpiredistError, KeyError) as exc:
         return _fail(exc, root=args.plan_only or _is_root(comm))
+    if args.nodes:
+        from ..runtime.comm import mpi
+        from . import nodes
+        if args.link_rate is not None:
+            try:
+                nodes.parse_rate(args.link_rate)
+            except ValueError as exc:
+                return _fail(exc, root=_is_root(comm))
+        return nodes.run(mpi().COMM_WORLD if comm is None else comm, args)
     return _run(args, opts, comm)
 
 

@@ -26,7 +26,10 @@ of the slowest rank's time, so all ranks compute the same profile:
     (G dividing the ranks per node, every node's groups at once), and
     ``beta_across`` on groups of G ranks on G different nodes (the j-th rank
     of each, every j at once, so the ranks of a node share its link as a
-    plan's steps do): bytes per second per rank of bytes that cross nodes.
+    plan's steps do): bytes per second per rank of bytes that cross nodes;
+    and on the whole communicator node by node (G = P), where the MPI
+    library's own algorithm may cross nodes less than sending to every
+    member directly would (``_whole``).
     The planner prices a step's across-node bytes at these
     (:mod:`mpiredist.planning.nodes`).  Nodes of different sizes: one level.
 ``pack_rate``
@@ -176,6 +179,8 @@ def measure(comm, nbytes=4 << 20, repeats=5, topology=None):
                              lambda g: (node, j // g), j)
         doc["beta_across"] = _rates(comm, nbytes, repeats, alpha, _groups(nodes.count),
                                     lambda g: (j, node // g), node)
+        if nodes.per_node > 1:
+            _whole(comm, nbytes, repeats, alpha, nodes, node * nodes.per_node + j, doc)
         doc.update(nodes=nodes.count, ranks_per_node=nodes.per_node)
     else:
         doc["beta"] = _rates(comm, nbytes, repeats, alpha, _groups(size),
@@ -186,6 +191,35 @@ def measure(comm, nbytes=4 << 20, repeats=5, topology=None):
                mpi=MPI.Get_library_version().splitlines()[0].strip(),
                date=time.strftime("%Y-%m-%dT%H:%M:%S"))
     return doc
+
+
+def _whole(comm, nbytes, repeats, alpha, nodes, key, doc):
+    """``beta_across[op][P]``: every rank in one group, node by node, priced as
+    the planner prices it: of what a rank sends by the byte conventions, the
+    share to other nodes ((C-1) R of its G-1 peers) goes at this rate, the
+    rest at the within-node one.  What the MPI library's own algorithm saves
+    across nodes (a ring forwards blocks inside nodes) shows as a higher
+    rate.  Permutes are left out: a ring shift crosses at two ranks only."""
+    from ..planning.profile import OPS
+
+    size, per = comm.Get_size(), nodes.per_node
+    share = (nodes.count - 1) * per / (size - 1)
+    sub = comm.Split(0, key)
+    try:
+        for op in OPS:
+            if op == "permute":
+                continue
+            if op == "exchange":
+                doc["beta_across"][op][str(size)] = doc["beta_across"]["all_to_all"][str(size)]
+                continue
+            t = _timed(comm, _collective(op, sub, nbytes), repeats) - ROUNDS[op](size) * alpha
+            inside = doc["beta"][op]
+            within = inside[max((g for g in inside if int(g) <= per), key=int)] \
+                if inside else None
+            left = t - (0.0 if within is None else nbytes * (1 - share) / within)
+            doc["beta_across"][op][str(size)] = nbytes * share / max(left, t * 0.1, 1e-9)
+    finally:
+        sub.Free()
 
 
 def _rates(comm, nbytes, repeats, alpha, groups, color, key):

@@ -1,8 +1,11 @@
 """Bytes by where they go: the part of each step that crosses nodes (pure).
 
 With a :class:`~mpiredist.core.topology.Topology` (the node of each device),
-a step's *across-node bytes* are the most any device sends to, or receives
-from, devices on other nodes (the larger, as an exchange's bytes are), by
+a step's *across-node bytes per rank* are the most bytes that leave or enter
+one node, over the node's number of ranks (:func:`node_share`): the ranks of
+a node share its link, so this is what the step costs the link in a rank's
+terms (a profile's across-node rates are measured with every rank of a node
+sending at once).  Bytes are counted by
 the direct algorithm the byte conventions of
 docs/semantics.md stand for: an all-gather sends a member's block to every
 other member; an all-to-all and a reduce-scatter send each member the part
@@ -33,8 +36,8 @@ from ..core.mesh import Mesh
 from ..core.subaxes import group_size, mesh_sub_axes, rank_digits
 from .pieces import Holders, layout_sources, layout_targets, send_pieces
 
-__all__ = ["Move", "step_across_bytes", "across_lower_bound", "EXACT_PAIRS", "EXACT_EXCHANGE",
-           "EXACT_BOUND"]
+__all__ = ["Move", "step_across_bytes", "across_lower_bound", "node_share", "EXACT_PAIRS",
+           "EXACT_EXCHANGE", "EXACT_BOUND"]
 
 EXACT_PAIRS = 1 << 24
 EXACT_EXCHANGE = 256
@@ -121,6 +124,20 @@ class _Devices:
         return group_size(group) - counts[inverse]
 
 
+def node_share(sent, received, nodes):
+    """The most that leaves or enters one node, over that node's devices (rounded
+    up): ``sent`` and ``received`` per device, ``nodes`` the node of each."""
+    nodes = np.asarray(nodes)
+    count = int(nodes.max()) + 1 if len(nodes) else 0
+    ranks = np.bincount(nodes, minlength=count)
+    most = 0
+    for per in (sent, received):
+        total = np.zeros(count, dtype=np.int64)
+        np.add.at(total, nodes, np.asarray(per, dtype=np.int64))
+        most = max(most, int(np.max(-(-total // np.maximum(ranks, 1)), initial=0)))
+    return most
+
+
 def _overlap(a, b):
     """Elements of the overlaps of per-dim box arrays ``a`` and ``b``."""
     vol = 1
@@ -165,7 +182,7 @@ def _across(shape, itemsize, op, axes, before, after, sent, mesh_axes, topology)
         sent, got = _permuted(dev, shape, step, mesh_axes)
     else:
         return _exchanged(dev, shape, itemsize, step, mesh_axes)
-    return int(max(np.max(sent, initial=0), np.max(got, initial=0))) * itemsize
+    return node_share(sent * itemsize, got * itemsize, dev.nodes)
 
 
 def _gathered(dev, shape, step):
@@ -242,7 +259,7 @@ def _exchanged(dev, shape, itemsize, step, mesh_axes):
                 n = math.prod(hi - lo for lo, hi in x.box)
                 sent[p] += n
                 got[x.peer] += n
-    return int(max(sent.max(initial=0), got.max(initial=0))) * itemsize
+    return node_share(sent * itemsize, got * itemsize, dev.nodes)
 
 
 def across_lower_bound(shape, itemsize, src, dst, mesh_axes, topology):

@@ -281,6 +281,12 @@ def _across_first(shape, start, moves, crossing):
     for move in moves:
         op, axes, dims, after = move
         whole = after if op == "reduce_scatter" else before
+        if op == "all_reduce":
+            three = _all_reduce_by_levels(shape, before, move, crossing)
+            before = after
+            out += three or [move]
+            split = split or bool(three)
+            continue
         before = after
         cut = next((i for i, s in enumerate(axes) if s in crossing), None)
         if op not in ("all_gather", "reduce_scatter") or len(dims) != 1 or not cut \
@@ -303,6 +309,31 @@ def _across_first(shape, start, moves, crossing):
             continue
         split = True
     return out if split else None
+
+
+def _all_reduce_by_levels(shape, before, move, crossing):
+    """An all-reduce over sub-axes of which some cross nodes and some do not, as
+    three steps: reduce-scatter inside nodes into the first dim that the
+    inside part divides evenly, all-reduce across nodes on that 1/W of the
+    block, all-gather inside nodes (W the inside group's size).  The block
+    never outgrows the one before; None where no dim divides."""
+    op, axes, _, after = move
+    inside = tuple(s for s in axes if s not in crossing)
+    across = tuple(s for s in axes if s in crossing)
+    if not inside or not across:
+        return None
+    for d, group in enumerate(before.dims):
+        scattered = before.replace(
+            dims=tuple(g + inside if k == d else g for k, g in enumerate(before.dims)),
+            partial=tuple(s for s in before.partial if s not in inside))
+        if divides_evenly(shape, [scattered], [d]) and shape[d] // group_size(group) \
+                >= group_size(inside):
+            reduced = scattered.replace(partial=tuple(s for s in scattered.partial
+                                                      if s not in across))
+            return [("reduce_scatter", inside, (d,), scattered),
+                    ("all_reduce", across, (), reduced),
+                    ("all_gather", inside, (d,), after)]
+    return None
 
 
 def _normal_forms(shape, S, T, first):
@@ -397,9 +428,10 @@ class _Cost:
     def seconds(self, op, elems, rounds, group, after_elems, move=None):
         across = 0
         if self.topology is not None and move is not None:
-            across = step_across_bytes(self.shape, 1, move, self.mesh_axes, self.topology)
+            across = step_across_bytes(self.shape, self.itemsize, move, self.mesh_axes,
+                                       self.topology)
         return self.profile.step_seconds(op, elems * self.itemsize, rounds, group,
-                                         after_elems * self.itemsize, across * self.itemsize)
+                                         after_elems * self.itemsize, across)
 
 
 def _elems(shape, layout):
@@ -431,7 +463,7 @@ def _score(shape, S, moves, mesh_axes, cost):
         else:
             n = (g - 1) * (2 if op == "all_reduce" else 1)
         seconds += cost.seconds(op, elems, n, g, _elems(shape, after),
-                                Move(op, axes, state, after, elems))
+                                Move(op, axes, state, after, elems * cost.itemsize))
         sent += elems
         rounds += n
         state = after

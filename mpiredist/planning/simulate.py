@@ -24,6 +24,8 @@ from ..core.subaxes import rank_digits
 from .pieces import REDUCERS
 from .routing import member_ranks, permute_source
 
+from .nodes import node_share
+
 __all__ = ["simulate"]
 
 
@@ -36,9 +38,9 @@ def simulate(plan, blocks, topology=None):
     blocks : list of numpy arrays
         ``blocks[r]`` is rank ``r``'s source local block.
     topology : Topology, optional
-        With one, returns ``(blocks, across)``: per step, the most bytes any
-        rank sent to, or received from, ranks on other nodes in the
-        simulation, every member
+        With one, returns ``(blocks, across)``: per step, the most bytes that
+        left or entered one node in the simulation, shared by the node's
+        ranks (:func:`mpiredist.planning.nodes.node_share`), every member
         sending what its receiver takes from it (an all-reduce: each member
         reduces one slice, then sends it to the others; an exchange: from
         the lowest rank that holds a piece).
@@ -60,7 +62,7 @@ def simulate(plan, blocks, topology=None):
                 sent[src] += nbytes
                 got[dst] += nbytes
         state = [run(plan, step, state, digits, r, account) for r in range(mesh.size)]
-        across.append(int(max(sent.max(initial=0), got.max(initial=0))))
+        across.append(node_share(sent, got, nodes) if nodes is not None else 0)
     return state if topology is None else (state, across)
 
 

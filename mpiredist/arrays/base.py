@@ -14,6 +14,7 @@ mesh's communicator and keyed by the agreed arguments.
 
 import numpy as np
 
+from ..core.backend import as_dtype, dtype_of
 from ..core.blocks import rank_block
 from ..core.errors import ShapeError
 from ..core.layout import Layout
@@ -72,9 +73,10 @@ def _check_local(block, shape, mesh, layout, rank):
         raise ShapeError(f"rank {rank}: no local block (None); a DistArray's block is None "
                          "after it was donated to an earlier redistribution")
     if not (hasattr(block, "shape") and hasattr(block, "dtype")):
-        raise ShapeError(f"rank {rank}: local block must be a numpy or CuPy array, "
+        raise ShapeError(f"rank {rank}: local block must be an array (numpy, torch, CuPy, "
+                         "DLPack), "
                          f"found {type(block).__name__}")
-    planner.validate(shape, block.dtype, mesh, layout, layout)
+    planner.validate(shape, dtype_of(block), mesh, layout, layout)
     want = _block_shape(shape, mesh, layout, rank)
     if tuple(block.shape) != want:
         raise ShapeError(f"rank {rank}: local block has shape {tuple(block.shape)} but "
@@ -96,7 +98,7 @@ class DistArrayBase:
         # Unchecked; use from_local / from_global.
         self._local, self._shape = local, tuple(shape)
         self._layout, self._mesh = layout, mesh
-        self._dtype = None if local is None else local.dtype
+        self._dtype = None if local is None else dtype_of(local)
 
     @classmethod
     def from_local(cls, block, mesh, layout, shape):
@@ -111,7 +113,7 @@ class DistArrayBase:
             _check_local(block, full, mesh, lay, rank)
             values = dict(mesh=repr(mesh), shape=full, layout=lay)
             if mesh.ranks is None:          # every rank holds a block: agree on its dtype
-                values["dtype"] = block.dtype
+                values["dtype"] = dtype_of(block)
             return (full, lay), values
 
         mesh, (full, lay) = check_together("DistArray.from_local", mesh, body)
@@ -123,15 +125,15 @@ class DistArrayBase:
         def body(mesh, rank):
             lay = Layout.parse(layout)
             if not (hasattr(array, "shape") and hasattr(array, "dtype")):
-                raise ShapeError(f"rank {rank}: global array must be a numpy or CuPy "
-                                 f"array, found {type(array).__name__}")
+                raise ShapeError(f"rank {rank}: global array must be an array "
+                                 f"(numpy, torch, CuPy, DLPack), found {type(array).__name__}")
             shape = tuple(array.shape)
             _check_mesh(mesh)
-            planner.validate(shape, array.dtype, mesh, lay, lay)
+            planner.validate(shape, dtype_of(array), mesh, lay, lay)
             if lay.partial:
                 raise ShapeError(f"from_global: layout {lay} has partial axes; a full "
                                  "array cannot be split into partial sums")
-            return (shape, lay), dict(mesh=mesh, shape=shape, dtype=array.dtype, layout=lay)
+            return (shape, lay), dict(mesh=mesh, shape=shape, dtype=dtype_of(array), layout=lay)
 
         mesh, (shape, lay) = check_together("DistArray.from_global", mesh, body)
         device = device_of(mesh, base_comm(mesh).Get_rank())
@@ -143,7 +145,8 @@ class DistArrayBase:
 
     @property
     def local(self):
-        """This rank's block (numpy or CuPy array); None once donated away."""
+        """This rank's block (an array of the library it was given in); None once
+        donated away."""
         return self._local
 
     @property
@@ -218,7 +221,7 @@ class DistArrayBase:
             self._local = None          # hand the block over: no reference is left here
         try:
             _must_be_array(block, self._mesh, "redistribute")
-            t = _transfer(self._mesh, self._shape, block.dtype, self._layout, dst, donate,
+            t = _transfer(self._mesh, self._shape, dtype_of(block), self._layout, dst, donate,
                           strategy, workspace_bytes)
             out = t.run(block, records=records)     # block: the only name left
         except BaseException:
@@ -283,7 +286,8 @@ def redistribute(local, global_shape, mesh, src, dst, donate=False,
         return _between(local, global_shape, mesh, src, dst, dst_mesh, donate, strategy,
                         records, workspace_bytes, forwarded=1)[0]
     _must_be_array(local, mesh, "redistribute")
-    t = _transfer(mesh, global_shape, local.dtype, src, dst, donate, strategy, workspace_bytes)
+    t = _transfer(mesh, global_shape, dtype_of(local), src, dst, donate, strategy,
+                  workspace_bytes)
     return t.run(local, records=records, forwarded=1)
 
 
@@ -293,8 +297,8 @@ def _must_be_array(local, mesh, what):
     if hasattr(local, "shape") and hasattr(local, "dtype"):
         return
     comm = base_comm(mesh if isinstance(mesh, Mesh) else Mesh(mesh))
-    agree(comm, what, ShapeError(f"rank {comm.Get_rank()}: local block must be a numpy or "
-                                 f"CuPy array, found {type(local).__name__}"))
+    agree(comm, what, ShapeError(f"rank {comm.Get_rank()}: local block must be an array "
+                                 f"(numpy, torch, CuPy, DLPack), found {type(local).__name__}"))
 
 
 def _transfer(mesh, global_shape, dtype, src, dst, donate, strategy, workspace):
@@ -308,7 +312,7 @@ def _transfer(mesh, global_shape, dtype, src, dst, donate, strategy, workspace):
     """
     try:
         m = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
-        key = (m, tuple(int(n) for n in global_shape), np.dtype(dtype).str,
+        key = (m, tuple(int(n) for n in global_shape), as_dtype(dtype).str,
                str(Layout.parse(src)), str(Layout.parse(dst)), strategy, bool(donate),
                workspace)
         cache = transfer_cache(base_comm(m))
@@ -335,13 +339,14 @@ def _between(local, global_shape, mesh, src, dst, dst_mesh, donate, strategy, re
     """
     def body(mesh, rank):
         if local is not None and not (hasattr(local, "shape") and hasattr(local, "dtype")):
-            raise ShapeError(f"rank {rank}: local block must be a numpy or CuPy array or "
+            raise ShapeError(f"rank {rank}: local block must be an array (numpy, torch, "
+                             "CuPy, DLPack) or "
                              f"None, found {type(local).__name__}")
         return None, {}
 
     mesh, _ = check_together("redistribute between meshes", mesh, body)
     dtypes = [d for d in base_comm(mesh).allgather(
-        None if local is None else local.dtype.str) if d is not None]
+        None if local is None else dtype_of(local).str) if d is not None]
     dtype = dtypes[0] if dtypes else "u1"    # no block anywhere: Transfer names the rank
     t = Transfer(global_shape, dtype, mesh, src, dst, donate, workspace, strategy,
                  dst_mesh=mesh if dst_mesh is None else dst_mesh)

@@ -1,13 +1,45 @@
-"""Array backends: numpy, and CuPy for CUDA-aware MPI.
+"""Array backends: the libraries whose arrays mpiredist takes, and what it needs of them.
 
-CuPy is imported here and nowhere else.  A CuPy array is passed to mpi4py
-through ``__cuda_array_interface__``; the MPI library must be CUDA-aware, and
-the current stream is synchronised before every MPI call.
+Inside, the runtime works on two kinds of *native* arrays only: numpy arrays
+(host memory) and CuPy arrays (device memory, passed to mpi4py through
+``__cuda_array_interface__``).  At the public boundary
+(:meth:`mpiredist.Transfer.run`) a caller's array is viewed as a native one
+by its :class:`Backend`, without copying, and the result is handed back in
+the caller's library, on the same device, with the same dtype:
+
+==========  ==========================================  ===============================
+backend     arrays                                      native view (no copy)
+==========  ==========================================  ===============================
+``numpy``   ``numpy.ndarray``                           itself
+``torch``   ``torch.Tensor`` on the CPU                 ``Tensor.numpy()``
+``cupy``    ``cupy.ndarray``                            itself
+``torch``   ``torch.Tensor`` on a CUDA device           ``cupy.from_dlpack``
+``cuda``    anything with ``__cuda_array_interface__``  ``cupy.asarray`` (a CuPy array
+            (Numba device arrays, ...)                  comes back)
+``dlpack``  anything else with ``__dlpack__`` on the    ``numpy.from_dlpack``; back
+            host (``jax.Array`` on the CPU, ...)        through its array namespace
+==========  ==========================================  ===============================
+
+bfloat16 has no numpy dtype of its own: a bfloat16 tensor is viewed as
+``ml_dtypes.bfloat16`` (the dtype JAX uses), which numpy can add, so partial
+sums of it are combined by numpy (MPI has no bfloat16 reduction).
+
+A tensor that requires grad is refused: mpiredist moves values, not the
+autograd graph (pass ``t.detach()``).  CuPy is imported here and nowhere
+else; torch and ml_dtypes only when an array of theirs is seen.
 """
+
+import sys
 
 import numpy as np
 
-__all__ = ["array_module", "is_gpu", "synchronize", "cupy_or_error", "c_contiguous"]
+from .errors import ShapeError
+
+__all__ = ["Backend", "backend_of", "as_dtype", "dtype_of", "array_module", "is_gpu",
+           "synchronize", "cupy_or_error", "c_contiguous", "KINDS"]
+
+# every backend name, in the order errors list them
+KINDS = ("numpy", "torch", "cupy", "cuda", "dlpack")
 
 
 def cupy_or_error():
@@ -16,7 +48,7 @@ def cupy_or_error():
         import cupy
     except ImportError as exc:
         raise ImportError("CuPy is required for GPU arrays: pip install "
-                          "mpiredist[cupy] (and a CUDA-aware MPI)") from exc
+                          "mpiredist[cupy]") from exc
     return cupy
 
 
@@ -26,14 +58,14 @@ def is_gpu(array):
 
 
 def array_module(array):
-    """``numpy`` or ``cupy``: the module that owns ``array``."""
+    """``numpy`` or ``cupy``: the module that owns native ``array``."""
     if is_gpu(array):
         return cupy_or_error()
     return np
 
 
 def c_contiguous(array):
-    """True if ``array`` (numpy or CuPy) is C-contiguous."""
+    """True if native ``array`` (numpy or CuPy) is C-contiguous."""
     flags = array.flags
     return flags["C_CONTIGUOUS"] if hasattr(flags, "__getitem__") else flags.c_contiguous
 
@@ -42,3 +74,164 @@ def synchronize(array):
     """Wait for pending GPU work on ``array`` before MPI reads or writes it."""
     if is_gpu(array):
         cupy_or_error().cuda.get_current_stream().synchronize()
+
+
+# ------------------------------------------------------------------ dtypes
+
+def _bfloat16():
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ShapeError("bfloat16 arrays need ml_dtypes (numpy's bfloat16): pip install "
+                         "mpiredist[torch] or ml_dtypes") from None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def _is_torch_dtype(d):
+    return type(d).__module__ == "torch" and type(d).__name__ == "dtype"
+
+
+_TORCH_DTYPES = {}
+
+
+def _from_torch_dtype(d):
+    found = _TORCH_DTYPES.get(d)
+    if found is None:
+        torch = sys.modules["torch"]
+        if d == torch.bfloat16:
+            found = _bfloat16()
+        else:
+            try:
+                found = torch.empty((), dtype=d).numpy().dtype
+            except (TypeError, RuntimeError):
+                raise ShapeError(f"torch dtype {d} has no numpy dtype; mpiredist moves "
+                                 "numpy-representable dtypes and bfloat16") from None
+        _TORCH_DTYPES[d] = found
+    return found
+
+
+def as_dtype(d):
+    """A numpy dtype from a numpy or torch dtype (``torch.bfloat16``:
+    ``ml_dtypes.bfloat16``) or anything ``numpy.dtype`` takes."""
+    if _is_torch_dtype(d):
+        return _from_torch_dtype(d)
+    return np.dtype(d)
+
+
+def dtype_of(array):
+    """The numpy dtype of any array this module takes (see :func:`as_dtype`)."""
+    if not hasattr(array, "__array_interface__") and hasattr(array, "__cuda_array_interface__") \
+            and not hasattr(array, "dtype"):
+        return np.dtype(array.__cuda_array_interface__["typestr"])
+    return as_dtype(array.dtype)
+
+
+# ------------------------------------------------------------------ backends
+
+def _is_tensor(array):
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(array, torch.Tensor)
+
+
+class Backend:
+    """What mpiredist does with one library's arrays: view them as native
+    arrays (:meth:`native`) and hand results back (:meth:`wrap`).
+
+    ``name`` is one of :data:`KINDS` (the ranks agree on it); ``device``
+    True when the arrays live in GPU memory.  Small and immutable.
+    """
+
+    __slots__ = ("name", "device", "_like")
+
+    def __init__(self, name, device, like=None):
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "device", device)
+        object.__setattr__(self, "_like", like)     # an array of the library (dlpack: its namespace)
+
+    def __setattr__(self, key, value):
+        raise AttributeError("Backend is immutable")
+
+    def __eq__(self, other):
+        return isinstance(other, Backend) and (self.name, self.device) == (other.name,
+                                                                           other.device)
+
+    def __hash__(self):
+        return hash((self.name, self.device))
+
+    def __repr__(self):
+        return f"Backend({self.name!r}, device={self.device})"
+
+    def __str__(self):
+        return f"{self.name} ({'device' if self.device else 'host'})"
+
+    def native(self, array, what="local block"):
+        """``array`` as a numpy (host) or CuPy (device) array of the same memory."""
+        if self.name in ("numpy", "cupy"):
+            return np.asarray(array) if isinstance(array, np.generic) else array
+        if self.name == "cuda":
+            return cupy_or_error().asarray(array)
+        if self.name == "dlpack":
+            return np.from_dlpack(array)
+        # torch
+        if array.requires_grad:
+            raise ShapeError(f"{what} is a tensor that requires grad; mpiredist moves "
+                             "values, not the autograd graph: pass tensor.detach()")
+        torch = sys.modules["torch"]
+        bf16 = array.dtype == torch.bfloat16
+        if self.device:
+            if bf16:
+                raise ShapeError(f"{what}: bfloat16 CUDA tensors are not supported yet "
+                                 "(CuPy has no bfloat16 dtype); view them as torch.int16 "
+                                 "to move them")
+            return cupy_or_error().from_dlpack(array)
+        if bf16:
+            return array.view(torch.int16).numpy().view(_bfloat16())
+        _from_torch_dtype(array.dtype)      # a clear error for dtypes numpy lacks
+        return array.numpy()
+
+    def wrap(self, native):
+        """The native result ``native`` in this backend's library (no copy)."""
+        if native is None or self.name in ("numpy", "cupy", "cuda"):
+            return native
+        if self.name == "dlpack":
+            space = self._like
+            return native if space is None else space.from_dlpack(native)
+        torch = sys.modules["torch"]
+        if self.device:
+            return torch.from_dlpack(native)
+        if native.dtype == _bfloat16_or_none():
+            return torch.from_numpy(native.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(native)
+
+
+def _bfloat16_or_none():
+    ml = sys.modules.get("ml_dtypes")
+    return None if ml is None else np.dtype(ml.bfloat16)
+
+
+_NUMPY = Backend("numpy", False)
+_CUPY = Backend("cupy", True)
+
+
+def backend_of(array, what="local block"):
+    """The :class:`Backend` of ``array``; ShapeError for anything else."""
+    if isinstance(array, np.ndarray) and not hasattr(array, "__cuda_array_interface__"):
+        return _NUMPY
+    if isinstance(array, np.generic):
+        return _NUMPY
+    if _is_tensor(array):
+        return Backend("torch", array.device.type != "cpu")
+    if type(array).__module__.split(".")[0] == "cupy":
+        return _CUPY
+    if hasattr(array, "__cuda_array_interface__"):
+        return Backend("cuda", True)
+    if hasattr(array, "__dlpack__"):
+        device = getattr(array, "__dlpack_device__", None)
+        if device is not None and device()[0] != 1:        # kDLCPU
+            raise ShapeError(f"{what}: a {type(array).__name__} on DLPack device "
+                             f"{tuple(device())}; mpiredist takes host DLPack arrays, "
+                             "and device arrays through __cuda_array_interface__")
+        space = getattr(array, "__array_namespace__", None)
+        return Backend("dlpack", False, None if space is None else space())
+    raise ShapeError(f"{what} must be an array (numpy, torch, CuPy, or one that exposes "
+                     f"__cuda_array_interface__ or __dlpack__), found {type(array).__name__}")

@@ -26,6 +26,7 @@ import numpy as np
 from . import crossmesh
 from . import profile as profiles
 from . import normal_form as nf
+from ..core.backend import as_dtype
 from ..core.blocks import divides_evenly, local_shape
 from .costs import (collective_bytes, exchange_bytes, exchange_messages, group_sends,
                     lower_bound_bytes, most_missing)
@@ -156,7 +157,7 @@ def validate(global_shape, dtype, mesh, src, dst):
     if any(n < 0 for n in shape):
         raise ShapeError(f"global shape {shape} has a negative length")
     try:
-        dtype = np.dtype(dtype)
+        dtype = as_dtype(dtype)
     except (TypeError, ValueError, SyntaxError) as exc:  # numpy parses ',' and '(' as Python
         raise ShapeError(f"dtype {dtype!r} is not a numpy dtype: {exc}") from None
     if dtype.hasobject or dtype.itemsize == 0:
@@ -175,17 +176,34 @@ def validate(global_shape, dtype, mesh, src, dst):
 
 
 # dtype.char of the numpy types that have a predefined MPI datatype in every
-# MPI library (MPI_C_BOOL ... MPI_C_DOUBLE_COMPLEX); reductions need one.
+# MPI library (MPI_C_BOOL ... MPI_C_DOUBLE_COMPLEX): MPI reduces them.  Other
+# dtypes that numpy can combine (float16, ml_dtypes.bfloat16, ...) are
+# reduced by numpy from pipelined parts in a fixed order.
 REDUCIBLE = "?bhilqBHILQfdFD"
+_UFUNCS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def mpi_reduces(dtype):
+    """True when MPI has a predefined reduction for ``dtype``."""
+    return dtype.char in REDUCIBLE and dtype.isnative
+
+
+@lru_cache(maxsize=64)
+def _numpy_combines(dtype, op):
+    try:
+        zero = np.zeros(1, dtype)
+        return _UFUNCS[op](zero, zero).dtype == dtype
+    except TypeError:           # numpy's UFuncTypeError is one
+        return False
 
 
 def _check_reducible(dtype, src):
-    if dtype.char not in REDUCIBLE or not dtype.isnative:
-        raise ShapeError(f"layout {src} reduces partial sums, but dtype {dtype} has no "
-                         "MPI reduction; use a native bool, integer, float32/64 or "
-                         "complex64/128 dtype")
     if dtype.kind == "c" and src.op in ("max", "min"):
         raise ShapeError(f"layout {src}: {src.op} is not defined for complex dtype {dtype}")
+    if not (mpi_reduces(dtype) or _numpy_combines(dtype, src.op)):
+        raise ShapeError(f"layout {src} reduces partial sums ({src.op}), but dtype {dtype} "
+                         f"has no reduction: MPI has none and numpy cannot combine it with "
+                         f"{_UFUNCS[src.op].__name__}; use a numeric dtype")
 
 
 @lru_cache(maxsize=512)

@@ -14,7 +14,8 @@ displacement above :func:`count_limit` in its own units:
   room (half the workspace), so that the buffers MPI allocates inside it
   stay within the memory contract (:func:`reduce_limit`); larger ones are
   combined by numpy from pipelined parts instead
-  (:func:`mpiredist.runtime.steps.reduce_by_parts`).
+  (:func:`mpiredist.runtime.steps.reduce_by_parts`), and so are all
+  reductions of dtypes that MPI lacks (float16, bfloat16).
 
 Every call here adds the MPI calls it makes to ``ctx.calls`` (what a
 :class:`~mpiredist.runtime.steps.StepRecord` reports).
@@ -30,6 +31,7 @@ import os
 import numpy as np
 
 from ..core.backend import c_contiguous, synchronize
+from ..planning.planner import mpi_reduces
 
 __all__ = ["INT_MAX", "count_limit", "as_bytes", "unit", "message", "mpi_op", "typed",
            "reduce_limit", "allgather", "allreduce", "reduce_scatter"]
@@ -92,7 +94,14 @@ def typed(ctx):
 
 
 def reduce_limit(ctx):
-    """Elements per reduction call: the count limit, and the reduction room."""
+    """Elements per reduction call: the count limit, and the reduction room.
+
+    -1 for a dtype that MPI cannot reduce (float16, bfloat16): no call is
+    small enough, so numpy combines every part, in the same fixed order as
+    larger reductions of other dtypes.
+    """
+    if not mpi_reduces(ctx.dtype):
+        return -1
     return max(1, min(ctx.count_limit, ctx.reduce_room // ctx.itemsize))
 
 

@@ -7,6 +7,9 @@ ordered so that a member's rank in the sub-communicator is its mixed-radix
 index over the group (first sub-axis major).
 """
 
+import ctypes
+import os
+
 import numpy as np
 
 from ..core import mesh as _mesh
@@ -15,7 +18,7 @@ from ..core.topology import Topology
 from ..core.subaxes import rank_digits
 
 __all__ = ["MeshComm", "mpi", "mesh_comm", "library_comm", "node_comm", "topology",
-           "transfer_cache", "check_size", "base_comm", "free_all"]
+           "transfer_cache", "check_size", "base_comm", "free_all", "cuda_aware", "gpu_support"]
 
 
 def mpi():
@@ -113,7 +116,7 @@ def _on_free(comm, keyval, cache):
     for t in cache.pop(TRANSFERS, {}).values():
         t.free()
     for key, mc in cache.items():
-        if key == TOPOLOGY:
+        if key in (TOPOLOGY, GPU):
             continue
         if key in (LIBRARY, NODE):
             mc.Free()
@@ -192,6 +195,53 @@ def topology(base=None):
         leaders = np.empty(base.Get_size(), dtype=np.int64)
         base.Allgather(leader, leaders)
         found = cache[TOPOLOGY] = Topology(leaders.tolist())
+    return found
+
+
+GPU = "gpu"            # the cache key of gpu_support's answer
+AWARE_ENV, STAGING_ENV = "MPIREDIST_GPU_AWARE", "MPIREDIST_GPU_STAGING"
+
+
+def cuda_aware():
+    """This process's MPI library takes CUDA device pointers: ``MPIREDIST_GPU_AWARE``
+    (0 or 1) when set, else ``MPIX_Query_cuda_support()`` of the loaded
+    library (Open MPI and MPICH have it; mpi4py does not expose it, so it is
+    looked up with ctypes), else False."""
+    value = os.environ.get(AWARE_ENV, "").strip()
+    if value:
+        return value not in ("0", "false", "no")
+    try:
+        with open("/proc/self/maps") as maps:
+            libs = sorted({line.split()[-1] for line in maps if "/libmpi" in line})
+    except OSError:
+        libs = []
+    for path in libs or [None]:
+        try:
+            query = getattr(ctypes.CDLL(path), "MPIX_Query_cuda_support", None)
+        except OSError:
+            continue
+        if query is not None:
+            query.restype = ctypes.c_int
+            return bool(query())
+    return False
+
+
+def gpu_support(base):
+    """``(aware, staging)`` for device arrays on ``base``, agreed by its ranks
+    (collective on first use: one Allreduce, then cached with ``base``).
+
+    ``aware``: every rank's MPI is CUDA-aware (:func:`cuda_aware`), so device
+    buffers go to MPI directly; ``staging``: no rank forbids staging device
+    arrays through host memory (``MPIREDIST_GPU_STAGING=0`` forbids it).
+    """
+    cache = _cache(base)
+    found = cache.get(GPU)
+    if found is None:
+        staging = os.environ.get(STAGING_ENV, "").strip() not in ("0", "false", "no")
+        mine = np.array([cuda_aware(), staging], dtype=np.int64)
+        agreed = np.empty(2, dtype=np.int64)
+        base.Allreduce(mine, agreed, op=mpi().MIN)
+        found = cache[GPU] = (bool(agreed[0]), bool(agreed[1]))
     return found
 
 

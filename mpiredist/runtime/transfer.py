@@ -37,7 +37,7 @@ import warnings
 
 import numpy as np
 
-from ..core.backend import array_module, c_contiguous
+from ..core.backend import Backend, array_module, backend_of, c_contiguous, cupy_or_error
 from ..core.blocks import box_shape, rank_block
 from ..core.errors import (BudgetWarning, ClosedError, DonationWarning, MemoryBudgetError,
                            MeshError, MpiredistError, PlanError, ShapeError)
@@ -52,10 +52,11 @@ from ..planning.pieces import (exchange_workspace, layout_sources, layout_target
 from ..planning.plans import _bytes as format_bytes
 from . import steps
 from .agree import agree, check_together
-from .comm import base_comm, check_size, library_comm, mesh_comm, mpi, node_comm, topology
+from .comm import (base_comm, check_size, gpu_support, library_comm, mesh_comm, mpi, node_comm,
+                   topology)
 from .context import Context
 from .exchange import Exchange
-from .inputs import (NOT_DONATED, array_kind, check_block, check_out, check_workspace,
+from .inputs import (NOT_DONATED, check_block, check_out, check_workspace,
                      judge_donation, references)
 from .failure import guard
 from .memory import Fresh, OneBuffer
@@ -227,19 +228,62 @@ class Transfer:
         if not self._checked:
             return self._run_unchecked(local, out, records)
         extra = references(local) - forwarded       # beyond the caller's own name
-        error, kind, verdict, fits = None, "numpy", NOT_DONATED, True
+        error, kind, verdict, fits = None, _HOST, NOT_DONATED, True
+        given = out
         try:
             self._open(local)
-            kind, verdict, fits = self._inputs(local, out, extra)
+            kind, local, out = _native(local, out, self._base.Get_rank())
+            verdict, fits = self._inputs(local, out, extra)
         except (ValueError, MpiredistError) as exc:
             error = exc
-        flags = agree(self._base, "Transfer.run", error, dict(self._identity, kind=kind),
+        flags = agree(self._base, "Transfer.run", error, dict(self._identity, **self._kind(kind)),
                       {"donate": verdict.usable, "fits": fits})
         if self._donate and not flags["donate"] and not flags["fits"]:
             raise MemoryBudgetError(
                 f"{self!r}: a donation was not honoured on some rank, and the run that "
                 "copies instead does not fit the memory of every rank")
-        return self._execute(local, out, kind, flags["donate"], verdict, records)
+        kind = self._agreed_kind(kind, local is not None or out is not None)
+        if kind.device and not self._gpu_aware():
+            result = self._staged(local, out, records)
+        else:
+            result = self._execute(local, out, kind, flags["donate"], verdict, records)
+        return given if given is not None else kind.wrap(result)
+
+    def _kind(self, kind):
+        """The array library in the run's agreement (every rank holds a block here)."""
+        return {"kind": str(kind)}
+
+    def _agreed_kind(self, kind, holds):
+        return kind
+
+    def _gpu_aware(self):
+        """Whether device buffers go to MPI directly (agreed once per communicator,
+        collective on the first device run; raises on every rank when they
+        cannot run at all)."""
+        aware, staging = gpu_support(self._base)
+        if not aware and not staging:
+            raise ShapeError(f"{self!r}: device arrays, but the MPI library is not "
+                             "CUDA-aware (MPIX_Query_cuda_support, or MPIREDIST_GPU_AWARE=0) "
+                             "and MPIREDIST_GPU_STAGING=0 forbids staging through host "
+                             "memory")
+        return aware
+
+    def _staged(self, local, out, records):
+        """A device run on an MPI library that is not CUDA-aware: through host memory.
+
+        The block is copied to the host, redistributed there, and the result
+        copied back to the device (into ``out`` when given): host memory S +
+        T + W, device memory the caller's block and the result.
+        """
+        cupy = cupy_or_error()
+        host = None if local is None else cupy.asnumpy(local)
+        result = self._execute(host, None, _HOST, False, NOT_DONATED, records)
+        if result is None:
+            return out
+        if out is not None:
+            out.set(result)
+            return out
+        return cupy.asarray(result)
 
     def explain(self):
         """What a run executes: executor, steps, parts, bytes, predicted peak, W."""
@@ -279,6 +323,28 @@ def _check_options(donate, checked):
         raise PlanError("Transfer(donate=True, checked=False): whether a block can be "
                         "donated is agreed by every rank on each run; donation needs "
                         "checked runs")
+
+
+_HOST = backend_of(np.empty(0))
+# the backends a rank without arrays can take by name (between meshes)
+_BY_NAME = {str(b): b for b in (Backend("torch", False), Backend("torch", True),
+                                Backend("cupy", True), Backend("cuda", True))}
+
+
+def _native(local, out, rank):
+    """``(backend, local, out)``: the caller's arrays as numpy or CuPy views of the
+    same memory (:mod:`mpiredist.core.backend`); ShapeError for arrays of no
+    library, a tensor that requires grad, or ``out`` of another library."""
+    kind = None if local is None else backend_of(local, f"rank {rank}: local block")
+    if out is not None:
+        theirs = backend_of(out, f"rank {rank}: out")
+        if kind is not None and theirs != kind:
+            raise ShapeError(f"rank {rank}: out is a {theirs} array but the block is a "
+                             f"{kind} array")
+        kind, out = kind or theirs, theirs.native(out, f"rank {rank}: out")
+    if local is not None:
+        local = kind.native(local, f"rank {rank}: local block")
+    return kind or _HOST, local, out
 
 
 class MeshTransfer(Transfer):
@@ -367,7 +433,7 @@ class MeshTransfer(Transfer):
     # ----------------------------------------------------------- running
 
     def _inputs(self, local, out, extra):
-        """This rank's ``(array kind, donation verdict)``; ValueError for bad arrays."""
+        """This rank's ``(donation verdict, fits its memory)``; ValueError for bad arrays."""
         rank = self._mc.rank
         check_block(local, self.source_shape, self._plan.dtype, rank)
         if out is not None:
@@ -384,7 +450,7 @@ class MeshTransfer(Transfer):
             self._resources.check(given.budget.limit, rank, f"{self!r} (donated)", found)
         else:
             self._resources.check(kept, rank, repr(self), found)
-        return array_kind(local), verdict, fits
+        return verdict, fits
 
     def _run_unchecked(self, local, out, records):
         """A run without the agreement (``checked=False``).
@@ -393,21 +459,24 @@ class MeshTransfer(Transfer):
         right shape, so that no rank waits for it; then it raises.  The
         other ranks cannot know: their results are undefined then.
         """
+        given = out
         try:
             self._open(local)
+            kind, local, out = _native(local, out, self._mc.rank)
             self._inputs(local, out, 0)
-            if array_kind(local) != "numpy":    # the path must not depend on this rank's array
-                raise ShapeError(f"rank {self._mc.rank}: checked=False runs take numpy "
-                                 f"blocks, found a {array_kind(local)} array")
+            if kind.device:     # the path must not depend on this rank's array
+                raise ShapeError(f"rank {self._mc.rank}: checked=False runs take host "
+                                 f"arrays, found a {kind} array")
         except (ValueError, MpiredistError) as exc:
             if not getattr(self, "_freed", False):
-                self._execute(np.zeros(self.source_shape, self._plan.dtype), None, "numpy",
+                self._execute(np.zeros(self.source_shape, self._plan.dtype), None, _HOST,
                               False, NOT_DONATED, None)
             raise exc
-        return self._execute(local, out, "numpy", False, NOT_DONATED, records)
+        result = self._execute(local, out, _HOST, False, NOT_DONATED, records)
+        return given if given is not None else kind.wrap(result)
 
     def _execute(self, local, out, kind, donate_ok, verdict, records):
-        variant = (Variant.DEVICE if kind == "cupy" else
+        variant = (Variant.DEVICE if kind.device else
                    Variant.GIVEN if self._donate and donate_ok else Variant.KEPT)
         if self._donate and variant is not Variant.GIVEN:
             self._warn_donation(verdict.why)
@@ -650,10 +719,33 @@ class CrossTransfer(Transfer):
                 raise ShapeError(f"rank {rank} is outside the target mesh "
                                  f"{self._target_mesh}: pass out=None")
             check_out(out, local, self.target_shape, self._dtype, rank)
-        return "numpy" if local is None else array_kind(local), NOT_DONATED, True
+        return NOT_DONATED, True
+
+    def _kind(self, kind):
+        """Ranks outside the source mesh hold no block: the library is gathered
+        after the agreement instead (:meth:`_agreed_kind`)."""
+        return {}
+
+    def _agreed_kind(self, kind, holds):
+        """The one library of the ranks that hold arrays (an allgather of its name,
+        after the agreement); ShapeError on every rank when they differ.  A rank
+        with no array takes that library (a host DLPack library: numpy)."""
+        names = self._base.allgather(str(kind) if holds else None)
+        found = sorted({n for n in names if n is not None})
+        if len(found) > 1:
+            first = {n: names.index(n) for n in found}
+            raise ShapeError(f"{self!r}: ranks pass arrays of different libraries: "
+                             + ", ".join(f"rank {r}: {n}" for n, r in sorted(
+                                 first.items(), key=lambda x: x[1])))
+        if not holds and found:
+            kind = _BY_NAME.get(found[0], kind)
+        return kind
 
     def _run_unchecked(self, local, out, records):
-        return self._execute(local, out, None, False, NOT_DONATED, records)
+        given = out
+        kind, local, out = _native(local, out, self._comm.Get_rank())
+        result = self._execute(local, out, kind, False, NOT_DONATED, records)
+        return given if given is not None else kind.wrap(result)
 
     def _execute(self, local, out, kind, donate_ok, verdict, records):
         def run():                          # data moves from here: a failure aborts
@@ -661,7 +753,8 @@ class CrossTransfer(Transfer):
             if block is not None and not c_contiguous(block):
                 block = array_module(block).ascontiguousarray(block)   # one block more (docs)
             if into is None and self.target_shape is not None:
-                xp = np if block is None else array_module(block)
+                xp = array_module(block) if block is not None else (
+                    cupy_or_error() if kind.device else np)
                 into = xp.empty(self.target_shape, self._dtype)
             self._exchange.run(block, into)
             return into

@@ -1,0 +1,205 @@
+"""The device check: CuPy arrays and torch CUDA tensors through mpiredist, on one GPU.
+
+    mpiexec -n 2 python scripts/gpu_check.py [--fake] [--scale 64] [--repeats 5]
+
+Run by ``scripts/gpu_check.sh`` (which installs the MPI wheel it is given).
+Every rank uses device 0 (one GPU shared by 2-4 ranks).  For each shared
+case folded onto the ranks at hand (its mesh axes shrunk to P devices,
+lengths divided by ``--scale``), each library (CuPy; torch CUDA when torch
+has CUDA) and each mode:
+
+- ``staged``: ``MPIREDIST_GPU_AWARE=0``, through host memory;
+- ``aware``: device buffers to MPI, only where the MPI library says it is
+  CUDA-aware (``MPIX_Query_cuda_support``), else reported as skipped;
+- ``host``: the caller's own round trip (copy to the host, numpy
+  redistribute, copy back), for comparison;
+
+it checks the result against the numpy oracle of ``tests/oracle.py``, the
+device memory the call allocates (CuPy: a counting allocator over its pool;
+torch: ``torch.cuda.max_memory_allocated``) against the contract
+max(S, T) + W, and the median time.  ``--fake`` runs on a CPU with the fake
+CuPy of ``tests/fakecupy.py`` (no memory figures), so that the script is
+kept working where no GPU is.  Exit status 1 if any result is wrong or any
+device peak exceeds its bound.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", "tests"), os.path.join(HERE, "..")]
+
+
+def fold(mesh, p):
+    """``mesh`` (axis -> size, power-of-two sizes) shrunk to ``p`` devices, or None."""
+    sizes = dict(mesh)
+    while np.prod(list(sizes.values())) > p:
+        axis = max(sizes, key=lambda a: sizes[a])
+        if sizes[axis] % 2:
+            return None
+        sizes[axis] //= 2
+    return sizes if np.prod(list(sizes.values())) == p else None
+
+
+def peak_meter(cupy):
+    """A CuPy memory hook that tracks the device bytes taken from the pool while
+    it is active (``with meter:``) and their peak (``meter.peak``)."""
+    class Peak(cupy.cuda.MemoryHook):
+        name = "mpiredist-peak"
+
+        def __init__(self):
+            self.now = self.peak = 0
+
+        def malloc_postprocess(self, **kw):
+            self.now += kw["mem_size"]
+            self.peak = max(self.peak, self.now)
+
+        def free_postprocess(self, **kw):
+            self.now -= kw["mem_size"]
+    return Peak()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fake", action="store_true", help="the fake CuPy, on a CPU")
+    parser.add_argument("--scale", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cases", default="", help="comma-separated case ids (default all)")
+    args = parser.parse_args(argv)
+
+    if args.fake:
+        import fakecupy
+        fakecupy.install()
+    import cupy
+    from mpi4py import MPI
+
+    import mpiredist as mr
+    import oracle
+    from mpiredist.bench.cases import load_cases, scaled
+    from mpiredist.planning.budget import default_workspace
+    from mpiredist.runtime.comm import cuda_aware
+
+    comm = MPI.COMM_WORLD
+    rank, p = comm.Get_rank(), comm.Get_size()
+    try:
+        import torch
+        has_torch = (not args.fake) and torch.cuda.is_available()
+    except ImportError:
+        torch, has_torch = None, False
+    if not args.fake:
+        cupy.cuda.Device(0).use()
+    # the fake's device memory is host memory: any MPI reads it as a CUDA-aware one would
+    aware = 1 if args.fake else comm.allreduce(int(cuda_aware()), op=MPI.MIN)
+    wanted = {c for c in args.cases.split(",") if c}
+    rows, bad = [], 0
+
+    def to_device(a, lib):
+        if lib == "torch":
+            return torch.from_numpy(np.ascontiguousarray(a)).cuda()
+        return cupy.asarray(np.ascontiguousarray(a))
+
+    def to_host(a, lib):
+        return a.cpu().numpy() if lib == "torch" else cupy.asnumpy(a)
+
+    def sync(lib):
+        if args.fake:
+            return
+        (torch.cuda.synchronize() if lib == "torch" else
+         cupy.cuda.get_current_stream().synchronize())
+
+    for case in load_cases():
+        if wanted and case.id not in wanted and case.short_id not in wanted:
+            continue
+        sizes = fold(case.mesh, p)
+        if sizes is None:
+            continue
+        c = scaled(case, args.scale)
+        axes = list(sizes.items())
+        G = oracle.global_array(c.shape, np.dtype("f4"), np.random.default_rng(7))
+        dims = [list(d) for d in c.src.dims]
+        src_host = oracle.source_blocks(G, axes, dims, list(c.src.partial), c.src.op)[rank]
+        want = oracle.expected(G, axes, [list(d) for d in c.dst.dims], rank)
+        plan = mr.plan(c.shape, "f4", mr.Mesh(",".join(f"{a}={n}" for a, n in axes)), c.src,
+                       c.dst)
+        bound = max(plan.src_local_bytes, plan.dst_local_bytes) + default_workspace(plan)
+        for lib in ["cupy"] + (["torch"] if has_torch else []):
+            for mode in ("staged", "aware", "host"):
+                if mode == "aware" and not aware:
+                    rows.append((case.short_id, lib, mode, "skip", "-", "-", "MPI not CUDA-aware"))
+                    continue
+                os.environ["MPIREDIST_GPU_AWARE"] = "1" if mode == "aware" else "0"
+                sub = comm.Dup()            # CUDA-awareness is agreed per communicator
+                mesh = mr.Mesh(",".join(f"{a}={n}" for a, n in axes), comm=sub)
+                local = to_device(src_host, lib)
+                times, peak = [], None
+
+                def once():
+                    if mode == "host":
+                        out = mr.redistribute(to_host(local, lib), c.shape, mesh, c.src, c.dst)
+                        return to_device(out, lib)
+                    return mr.redistribute(local, c.shape, mesh, c.src, c.dst)
+                got = once()                                        # warm: plan, buffers
+                for _ in range(args.repeats):
+                    sub.Barrier()
+                    t0 = time.perf_counter()
+                    got = once()
+                    sync(lib)
+                    times.append(time.perf_counter() - t0)
+                del got
+                if not args.fake and mode != "host":
+                    if lib == "torch":
+                        torch.cuda.synchronize()
+                        base = torch.cuda.memory_allocated()
+                        torch.cuda.reset_peak_memory_stats()
+                        got = once()
+                        sync(lib)
+                        peak = torch.cuda.max_memory_allocated() - base
+                    else:
+                        with peak_meter(cupy) as meter:
+                            got = once()
+                            sync(lib)
+                        peak = meter.peak
+                else:
+                    got = once()
+                ok = np.array_equal(to_host(got, lib), want)
+                within = peak is None or peak <= bound
+                flags = comm.allgather((ok, within, peak))
+                all_ok = all(f[0] for f in flags)
+                all_within = all(f[1] for f in flags)
+                peaks = [f[2] for f in flags if f[2] is not None]
+                bad += (not all_ok) + (not all_within)
+                sub.Free()
+                rows.append((case.short_id, lib, mode, "ok" if all_ok else "WRONG",
+                             f"{statistics.median(times) * 1e3:.2f}",
+                             f"{max(peaks) / 2**20:.2f}" if peaks else "-",
+                             f"bound {bound / 2**20:.2f} MiB" + ("" if all_within else
+                                                                  " EXCEEDED")))
+    if rank == 0:
+        print(f"gpu_check: {p} ranks, {'fake CuPy (CPU)' if args.fake else 'GPU 0'}, "
+              f"MPI {MPI.Get_library_version().splitlines()[0].strip()}, CUDA-aware: "
+              f"{bool(aware)}, scale {args.scale}, median of {args.repeats}")
+        print(f"{'case':5} {'lib':6} {'mode':7} {'result':6} {'ms':>9} {'dev MiB':>8}  note")
+        for r in rows:
+            print(f"{r[0]:5} {r[1]:6} {r[2]:7} {r[3]:6} {r[4]:>9} {r[5]:>8}  {r[6]}")
+        by = {}
+        for r in rows:
+            if r[3] == "ok":
+                by.setdefault((r[0], r[1]), {})[r[2]] = float(r[4])
+        ratios = [m["host"] / m["staged"] for m in by.values() if "host" in m and "staged" in m]
+        if ratios:
+            print(f"host round trip / staged: geomean "
+                  f"{float(np.exp(np.mean(np.log(ratios)))):.2f} over {len(ratios)} cases")
+        aw = [m["staged"] / m["aware"] for m in by.values() if "aware" in m and "staged" in m]
+        if aw:
+            print(f"staged / CUDA-aware: geomean {float(np.exp(np.mean(np.log(aw)))):.2f}")
+        print("gpu_check: " + ("PASSED" if not bad else f"FAILED ({bad} problems)"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

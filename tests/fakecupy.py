@@ -1,0 +1,138 @@
+"""A fake CuPy over host memory: mpiredist's device paths, run on a CPU.
+
+mpi4py tests its GPU buffer handling the same way (objects that expose
+``__cuda_array_interface__`` over host memory).  :func:`install` registers
+this module as ``cupy``; its ``ndarray`` is a numpy subclass whose class
+says it belongs to ``cupy`` and which exposes ``__cuda_array_interface__``,
+so mpiredist treats it as device memory: the device variant, the stream
+synchronisation, CUDA-awareness and staging through host memory.  MPI
+reads its memory through the buffer protocol (it is host memory), which is
+what a CUDA-aware MPI does with a device pointer.
+
+:data:`COUNTS` counts what a real GPU would make expensive: copies to the
+host (``asnumpy``, ``ndarray.get``), copies to the device (``asarray`` of a
+host array, ``ndarray.set``), device allocations (``empty``, ``zeros``,
+``ascontiguousarray`` that copies) and stream synchronisations.
+
+:class:`CudaObject` is a device array of no known library (as a Numba
+device array is): only ``__cuda_array_interface__``, no buffer protocol.
+"""
+
+import collections
+import ctypes
+import sys
+import types
+
+import numpy as np
+
+COUNTS = collections.Counter()
+
+
+def reset():
+    COUNTS.clear()
+
+
+class ndarray(np.ndarray):
+    """Device memory, faked: a numpy array that says it is a CuPy array."""
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self.dtype.str, "version": 3,
+                "data": (self.ctypes.data, not self.flags.writeable),
+                "strides": None if self.flags.c_contiguous else self.strides}
+
+    def get(self):
+        COUNTS["to_host"] += 1
+        return np.array(self.view(np.ndarray), copy=True)
+
+    def set(self, host):
+        COUNTS["to_device"] += 1
+        np.copyto(self.view(np.ndarray), host)
+
+
+ndarray.__module__ = "cupy"
+
+
+def _device(host):
+    return host.view(ndarray)
+
+
+def asarray(obj, dtype=None):
+    if isinstance(obj, ndarray):
+        return obj if dtype is None else obj.astype(dtype).view(ndarray)
+    if hasattr(obj, "__cuda_array_interface__"):        # zero copy, as CuPy does
+        cai = obj.__cuda_array_interface__
+        dt = np.dtype(cai["typestr"])
+        n = int(np.prod(cai["shape"])) * dt.itemsize
+        raw = (ctypes.c_ubyte * n).from_address(cai["data"][0]) if n else bytearray(0)
+        return _device(np.frombuffer(raw, dtype=dt).reshape(cai["shape"]))
+    COUNTS["to_device"] += 1
+    return _device(np.array(obj, dtype=dtype, copy=True))
+
+
+def asnumpy(a):
+    return a.get() if isinstance(a, ndarray) else np.asarray(a)
+
+
+def empty(shape, dtype=float):
+    COUNTS["alloc"] += 1
+    return _device(np.empty(shape, dtype))
+
+
+def zeros(shape, dtype=float):
+    COUNTS["alloc"] += 1
+    return _device(np.zeros(shape, dtype))
+
+
+def ascontiguousarray(a):
+    if a.flags.c_contiguous:
+        return a
+    COUNTS["alloc"] += 1
+    return _device(np.ascontiguousarray(a))
+
+
+def from_dlpack(obj):
+    return _device(np.from_dlpack(obj))
+
+
+class _Stream:
+    def synchronize(self):
+        COUNTS["sync"] += 1
+
+
+cuda = types.SimpleNamespace(get_current_stream=lambda: _Stream())
+
+
+class CudaObject:
+    """A device array of no known library: ``__cuda_array_interface__`` only."""
+
+    def __init__(self, host):
+        self._host = host
+
+    @property
+    def __cuda_array_interface__(self):
+        h = self._host
+        return {"shape": h.shape, "typestr": h.dtype.str, "version": 3,
+                "data": (h.ctypes.data, False), "strides": None}
+
+    @property
+    def shape(self):
+        return self._host.shape
+
+    @property
+    def dtype(self):
+        return self._host.dtype
+
+
+def install():
+    """Register this module as ``cupy`` (returns the module that was there, or None)."""
+    before = sys.modules.get("cupy")
+    sys.modules["cupy"] = sys.modules[__name__]
+    return before
+
+
+def uninstall(before):
+    if before is None:
+        sys.modules.pop("cupy", None)
+    else:
+        sys.modules["cupy"] = before

@@ -1,0 +1,163 @@
+"""Device arrays on a CPU: the fake CuPy of ``tests/fakecupy.py``, in both modes.
+
+    timeout 300 mpiexec -n N python -m pytest -q --with-mpi tests/mpi/test_device.py
+
+``aware``: the MPI library is taken as CUDA-aware (``MPIREDIST_GPU_AWARE=1``),
+device buffers go to MPI directly and the runtime allocates on the device;
+``staged``: it is not (``MPIREDIST_GPU_AWARE=0``), every run goes through
+host memory, and no device buffer reaches MPI.  Each mode runs on a fresh
+duplicate of COMM_WORLD, since the ranks agree on CUDA-awareness once per
+communicator.  Results against the oracle; any N (CI: 2 and 3).
+"""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import fakecupy
+import mpiredist as mr
+import oracle
+from helpers import all_ok
+
+COMM = MPI.COMM_WORLD
+RANK, P = COMM.Get_rank(), COMM.Get_size()
+
+CASES = [  # (global shape, dtype, src, dst)
+    ((7, 5), "f8", "[{x}, {}]", "[{}, {x}]"),
+    ((5, 3, 4), "i4", "[{}, {x}, {}]", "[{x}, {}, {}]"),
+    ((6, 4), "f4", "[{x}, {}]", "[{}, {}]"),
+    ((9,), "u1", "[{}]", "[{x}]"),
+]
+
+
+@pytest.fixture(params=["aware", "staged"])
+def mode(request, monkeypatch):
+    before = fakecupy.install()
+    monkeypatch.setenv("MPIREDIST_GPU_AWARE", "1" if request.param == "aware" else "0")
+    comm = COMM.Dup()
+    fakecupy.reset()
+    yield request.param, comm
+    comm.Free()
+    fakecupy.uninstall(before)
+
+
+def _lay(text):
+    lay = mr.Layout.parse(text)
+    return [list(d) for d in lay.dims], list(lay.partial), lay.op
+
+
+def _device_block(G, mesh, text):
+    dims, partial, op = _lay(text)
+    host = oracle.source_blocks(G, list(mesh.axes), dims, partial, op)[RANK]
+    return fakecupy.asarray(host)
+
+
+def _same(got, want):
+    return (isinstance(got, fakecupy.ndarray) and got.shape == want.shape
+            and got.dtype == want.dtype and np.array_equal(got.view(np.ndarray), want))
+
+
+@pytest.mark.parametrize("shape,dtype,src,dst", CASES)
+def test_redistribute_device_arrays(mode, shape, dtype, src, dst):
+    name, comm = mode
+    mesh = mr.Mesh(f"x={P}", comm=comm)
+    G = oracle.global_array(shape, np.dtype(dtype), np.random.default_rng(1))
+    local = _device_block(G, mesh, src)
+    before = local.copy()
+    fakecupy.reset()
+    got = mr.redistribute(local, shape, mesh, src, dst)
+    want = oracle.expected(G, list(mesh.axes), _lay(dst)[0], RANK)
+    all_ok(COMM, _same(got, want), f"{name} {src} -> {dst}: a device array of the target")
+    all_ok(COMM, np.array_equal(local.view(np.ndarray), before.view(np.ndarray)),
+           "the source is not written")
+    counts = dict(fakecupy.COUNTS)
+    if name == "staged":        # one copy each way, no device buffer of the runtime's own
+        ok = counts.get("to_host") == 1 and counts.get("to_device") == 1 \
+            and not counts.get("alloc")
+    else:                       # on the device: no host round trip
+        moves = src != "[{}]" and P > 1    # a local slice: no buffer, no MPI
+        ok = not counts.get("to_host") and not counts.get("to_device") \
+            and (counts.get("alloc", 0) >= 1 and counts.get("sync", 0) >= 1) == moves
+    all_ok(COMM, ok, f"{name}: copies and allocations {counts}")
+
+
+def test_device_partial_sums_and_out(mode):
+    name, comm = mode
+    mesh = mr.Mesh(f"x={P}", comm=comm)
+    shape, src, dst = (6, 4), "[{}, {}] sum{x}", "[{x}, {}]"
+    G = oracle.global_array(shape, np.dtype("f8"), np.random.default_rng(2))
+    local = _device_block(G, mesh, src)
+    t = mr.Transfer(shape, "f8", mesh, src, dst)
+    out = fakecupy.empty(t.target_shape, np.float64)
+    got = t.run(local, out=out)
+    want = oracle.expected(G, list(mesh.axes), _lay(dst)[0], RANK)
+    all_ok(COMM, got is out and np.allclose(out.view(np.ndarray), want, rtol=1e-12),
+           f"{name}: sum into out=")
+    t.free()
+
+
+def test_cuda_array_interface_object(mode):
+    """A device array of no known library (as Numba's) comes back as a CuPy array."""
+    name, comm = mode
+    mesh = mr.Mesh(f"x={P}", comm=comm)
+    shape, src, dst = (5, 3), "[{x}, {}]", "[{}, {x}]"
+    G = oracle.global_array(shape, np.dtype("f4"), np.random.default_rng(3))
+    host = np.ascontiguousarray(oracle.source_blocks(G, [("x", P)], [["x"], []])[RANK])
+    got = mr.redistribute(fakecupy.CudaObject(host), shape, mesh, src, dst)
+    want = oracle.expected(G, [("x", P)], [[], ["x"]], RANK)
+    all_ok(COMM, _same(got, want), f"{name}: __cuda_array_interface__ object")
+
+
+def test_between_meshes_device(mode):
+    """A rank outside the source mesh passes None and still gets a device array."""
+    name, comm = mode
+    if P < 2:
+        pytest.skip("needs 2 ranks")
+    src_mesh = mr.Mesh("x=1", ranks=[0], comm=comm)
+    dst_mesh = mr.Mesh(f"x={P}", comm=comm)
+    shape = (2 * P + 1, 3)
+    G = oracle.global_array(shape, np.dtype("f8"), np.random.default_rng(4))
+    local = fakecupy.asarray(G) if RANK == 0 else None
+    got = mr.redistribute(local, shape, src_mesh, "[{}, {}]", "[{x}, {}]", dst_mesh=dst_mesh)
+    want = oracle.expected(G, [("x", P)], [["x"], []], RANK)
+    all_ok(COMM, _same(got, want), f"{name}: between meshes, a device array on every rank")
+
+
+def test_mixed_host_and_device_raises_everywhere(mode):
+    name, comm = mode
+    if P < 2:
+        pytest.skip("needs 2 ranks")
+    mesh = mr.Mesh(f"x={P}", comm=comm)
+    block = np.zeros((3, 2))
+    local = fakecupy.asarray(block) if RANK == 1 else block
+    with pytest.raises(mr.MismatchError, match="kind"):
+        mr.redistribute(local, (3 * P, 2), mesh, "[{x}, {}]", "[{}, {x}]")
+
+
+def test_staging_forbidden_raises_everywhere(monkeypatch):
+    before = fakecupy.install()
+    monkeypatch.setenv("MPIREDIST_GPU_AWARE", "0")
+    monkeypatch.setenv("MPIREDIST_GPU_STAGING", "0")
+    comm = COMM.Dup()
+    try:
+        mesh = mr.Mesh(f"x={P}", comm=comm)
+        local = fakecupy.zeros((2, 3), np.float32)
+        with pytest.raises(mr.ShapeError, match="not CUDA-aware"):
+            mr.redistribute(local, (2 * P, 3), mesh, "[{x}, {}]", "[{}, {x}]")
+        # host arrays are not affected
+        got = mr.redistribute(np.ones((2, 3)), (2 * P, 3), mesh, "[{x}, {}]", "[{}, {}]")
+        all_ok(COMM, got.shape == (2 * P, 3) and (got == 1).all(), "host run")
+    finally:
+        comm.Free()
+        fakecupy.uninstall(before)
+
+
+def test_cuda_awareness_is_agreed(monkeypatch):
+    """One rank that says its MPI is not CUDA-aware makes every rank stage."""
+    from mpiredist.runtime.comm import gpu_support
+    monkeypatch.setenv("MPIREDIST_GPU_AWARE", "1" if RANK else "0")
+    comm = COMM.Dup()
+    try:
+        all_ok(COMM, gpu_support(comm) == (False, True), f"agreed: {gpu_support(comm)}")
+    finally:
+        comm.Free()

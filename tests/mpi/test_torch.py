@@ -1,0 +1,194 @@
+"""torch CPU tensors, bfloat16 and float16: tensors in, tensors out, against the oracle.
+
+    timeout 300 mpiexec -n N python -m pytest -q --with-mpi tests/mpi/test_torch.py
+
+Skips without torch (``pip install torch==2.13.0+cpu ml_dtypes``; the
+``torch`` extra).  Any N (CI: 2 and 3).  Partial sums of bfloat16 and
+float16, which MPI cannot reduce, are combined by numpy in a fixed order:
+the reduce-scatter member m adds its own part first, then those of members
+m + 1, m + 2, ... (mod g), rounding after each addition; that reference is
+computed here from the float32 values and compared bit for bit.
+"""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpiredist as mr
+import oracle
+from helpers import all_ok
+
+torch = pytest.importorskip("torch")
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+COMM = MPI.COMM_WORLD
+RANK, P = COMM.Get_rank(), COMM.Get_size()
+MESH = [("x", P)]
+BF16 = np.dtype(ml_dtypes.bfloat16)
+TORCH = {"f4": torch.float32, "i8": torch.int64, "bf16": torch.bfloat16, "f2": torch.float16,
+         "u1": torch.uint8, "c8": torch.complex64}
+
+CASES = [  # (global shape, dtype, src, dst)
+    ((7, 5), "f4", "[{x}, {}]", "[{}, {x}]"),
+    ((5, 3, 4), "i8", "[{}, {x}, {}]", "[{x}, {}, {}]"),
+    ((9, 4), "bf16", "[{x}, {}]", "[{}, {x}]"),
+    ((6, 5), "f2", "[{x}, {}]", "[{}, {}]"),
+    ((3, 7), "u1", "[{}, {}]", "[{x}, {}]"),
+    ((4, 4), "c8", "[{}, {x}]", "[{x}, {}]"),
+]
+
+
+def _lay(text):
+    lay = mr.Layout.parse(text)
+    return [list(d) for d in lay.dims], list(lay.partial), lay.op
+
+
+def _global(shape, dtype, seed):
+    G = oracle.global_array(shape, np.dtype("f4" if dtype == "bf16" else dtype),
+                            np.random.default_rng(seed))
+    return G.astype(BF16) if dtype == "bf16" else G
+
+
+def _tensor(a):
+    """A torch tensor of numpy ``a`` (bfloat16 through its bits)."""
+    a = np.ascontiguousarray(a)
+    if a.dtype == BF16:
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(a.copy())
+
+
+def _numpy(t):
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(BF16)
+    return t.numpy()
+
+
+def _same(got, want, dtype):
+    return (isinstance(got, torch.Tensor) and got.dtype == TORCH[dtype]
+            and tuple(got.shape) == want.shape
+            and np.array_equal(_numpy(got).view(np.uint8), np.ascontiguousarray(want)
+                               .view(np.uint8)))
+
+
+@pytest.mark.parametrize("shape,dtype,src,dst", CASES)
+def test_tensors_in_tensors_out(shape, dtype, src, dst):
+    mesh = mr.Mesh(f"x={P}")
+    G = _global(shape, dtype, 1)
+    local = _tensor(oracle.local_block(G, MESH, _lay(src)[0], RANK))
+    before = local.clone()
+    got = mr.redistribute(local, shape, mesh, src, dst)
+    want = oracle.expected(G, MESH, _lay(dst)[0], RANK)
+    all_ok(COMM, _same(got, want, dtype), f"{dtype} {src} -> {dst}")
+    all_ok(COMM, torch.equal(local, before), "the source tensor is not written")
+
+
+def test_transfer_out_tensor_and_dtype():
+    mesh = mr.Mesh(f"x={P}")
+    shape, src, dst = (2 * P + 1, 3), "[{x}, {}]", "[{}, {x}]"
+    G = _global(shape, "bf16", 2)
+    t = mr.Transfer(shape, torch.bfloat16, mesh, src, dst)      # a torch dtype
+    out = torch.empty(t.target_shape, dtype=torch.bfloat16)
+    got = t.run(_tensor(oracle.local_block(G, MESH, _lay(src)[0], RANK)), out=out)
+    want = oracle.expected(G, MESH, _lay(dst)[0], RANK)
+    all_ok(COMM, got is out and _same(out, want, "bf16"), "out= a tensor is filled and returned")
+    t.free()
+
+
+def test_non_contiguous_tensor_and_distarray():
+    mesh = mr.Mesh(f"x={P}")
+    shape = (4, 2 * P)
+    G = _global(shape, "f4", 3)
+    block = oracle.local_block(G, MESH, [[], ["x"]], RANK)
+    strided = _tensor(block.T.copy()).T            # a transposed view: not contiguous
+    assert not strided.is_contiguous()
+    a = mr.DistArray.from_local(strided, mesh, "[{}, {x}]", shape)
+    b = a.redistribute("[{x}, {}]")
+    want = oracle.expected(G, MESH, [["x"], []], RANK)
+    all_ok(COMM, _same(b.local, want, "f4") and b.dtype == np.float32, "DistArray of a tensor")
+    all_ok(COMM, _same(b.gather(), G, "f4"), "gather of a tensor DistArray")
+
+
+def test_between_meshes_tensor():
+    if P < 2:
+        pytest.skip("needs 2 ranks")
+    src_mesh = mr.Mesh("x=1", ranks=[0])
+    dst_mesh = mr.Mesh(f"x={P}")
+    shape = (2 * P + 1, 3)
+    G = _global(shape, "f4", 4)
+    local = _tensor(G) if RANK == 0 else None
+    got = mr.redistribute(local, shape, src_mesh, "[{}, {}]", "[{x}, {}]", dst_mesh=dst_mesh)
+    want = oracle.expected(G, MESH, [["x"], []], RANK)
+    all_ok(COMM, _same(got, want, "f4"), "a tensor on every rank, also outside the source")
+
+
+def _parts(shape, dtype, seed):
+    """Every rank's partial block (the same on all ranks: rank k's is parts[k])."""
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(shape) * 8).astype(dtype) for _ in range(P)]
+
+
+def _fixed_order(parts, start, op=np.add):
+    acc = parts[start].copy()
+    for j in range(1, P):
+        acc = op(acc, parts[(start + j) % P])
+    return acc
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)])
+def test_partial_sums_in_fixed_order(dtype):
+    """Reduce-scatter: each member's rows, summed in the fixed order, bit for bit."""
+    mesh = mr.Mesh(f"x={P}")
+    shape = (3 * P + 1, 5)
+    parts = _parts(shape, dtype, 5)
+    got = mr.redistribute(parts[RANK], shape, mesh, "[{}, {}] sum{x}", "[{x}, {}]")
+    rows = oracle.block_slices(shape, MESH, [["x"], []], RANK)
+    want = _fixed_order([p[rows] for p in parts], RANK)
+    all_ok(COMM, got.dtype == dtype and np.array_equal(got.view(np.uint16),
+                                                       want.view(np.uint16)),
+           f"{dtype} sum equals the fixed-order sum")
+    close = np.allclose(got.astype(np.float32), sum(p.astype(np.float32) for p in parts)[rows],
+                        rtol=0.05, atol=0.5)
+    all_ok(COMM, close, "near the float32 sum")
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_bf16_tensor_reductions_replicated(op):
+    """All-reduce of bf16 tensors: equal bit for bit on every replica, each element
+    the fixed-order combination of some member's order (max/min: exact)."""
+    mesh = mr.Mesh(f"x={P}")
+    shape = (2 * P + 3, 4)
+    parts = _parts(shape, BF16, 6)
+    ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]
+    got = mr.redistribute(_tensor(parts[RANK]), shape, mesh, f"[{{}}, {{}}] {op}{{x}}",
+                          "[{}, {}]")
+    bits = _numpy(got).view(np.uint16)
+    every = COMM.allgather(bits)
+    all_ok(COMM, all(np.array_equal(b, every[0]) for b in every), "replicas bitwise equal")
+    orders = [_fixed_order(parts, m, ufunc).view(np.uint16) for m in range(P)]
+    ok = np.logical_or.reduce([bits == o for o in orders]).all()
+    if op != "sum":
+        ok = ok and np.array_equal(bits, ufunc.reduce(np.stack(parts)).view(np.uint16))
+    all_ok(COMM, got.dtype == torch.bfloat16 and ok, f"bf16 {op}")
+
+
+def test_errors_on_every_rank():
+    if P < 2:
+        pytest.skip("needs 2 ranks")
+    mesh = mr.Mesh(f"x={P}")
+    shape, src, dst = (2 * P, 3), "[{x}, {}]", "[{}, {x}]"
+    block = np.zeros((2, 3), np.float32)
+    with pytest.raises(mr.MismatchError, match="kind"):       # numpy on rank 0, torch elsewhere
+        mr.redistribute(block if RANK == 0 else torch.zeros(2, 3), shape, mesh, src, dst)
+    grad = torch.zeros(2, 3, requires_grad=RANK == 1)
+    with pytest.raises(mr.ShapeError, match="requires grad"):
+        mr.redistribute(grad, shape, mesh, src, dst)
+    t = mr.Transfer((2 * P, 2 * P), torch.float32, mesh, src, dst)      # blocks (2, 2P) -> (2P, 2)
+    strided = torch.empty(2 * P, 4)[:, ::2]                               # not contiguous
+    with pytest.raises(mr.ShapeError, match="C-contiguous"):
+        t.run(torch.zeros(2, 2 * P), out=strided if RANK == 1 else torch.empty(2 * P, 2))
+    with pytest.raises(mr.ShapeError, match="out is a numpy"):
+        t.run(torch.zeros(2, 2 * P), out=np.empty((2 * P, 2), np.float32) if RANK == 0
+              else torch.empty(2 * P, 2))
+    t.free()
+    with pytest.raises(mr.ShapeError, match="has no reduction"):
+        mr.redistribute(np.zeros(shape, "U2"), shape, mesh, "[{}, {}] sum{x}", dst)

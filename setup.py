@@ -53,6 +53,8 @@ setup(
                  "import-linter>=2.12", *DISPLAY],
         "hdf5": ["h5py"],
         "cupy": ["cupy-cuda12x"],
+        "torch": ["torch", "ml_dtypes"],    # CPU build: pip install torch==2.13.0+cpu
+        "jax": ["jax", "ml_dtypes"],
         "bench": ["matplotlib", MPI4PY, *DISPLAY],
     },
     classifiers=[

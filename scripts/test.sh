@@ -10,6 +10,9 @@
 #            limit at 3, large at 2
 #   both     the soak (python -m mpiredist.bench.soak): 300 random
 #            redistributions at 5 and at 7 ranks
+#   arrays   torch==2.13.0+cpu, ml_dtypes and JAX into .venv: tests/mpi/test_torch.py,
+#            test_jax.py and test_device.py at 2 and 3 ranks under PyPI MPICH,
+#            and scripts/gpu_check.sh --fake at 2 and 4
 #   system   Debian's MPICH (apt-get install mpich libmpich-dev) with the
 #            mpi4py wheel (.venv-sysmpich): tests/mpi at 2 ranks
 #
@@ -37,6 +40,8 @@
 # MPIREDIST_CLUSTER_STAGE_TIMEOUT (default 900), MPIREDIST_SOAK_RANKS (the
 # soak's rank counts under PyPI MPICH and Open MPI, default "5 7"; empty skips
 # it), MPIREDIST_SOAK_CASES (default 300), MPIREDIST_SOAK_SEED (default 1),
+# MPIREDIST_ARRAY_RANKS (the torch/JAX stages, default "2 3"; empty skips them
+# and their install), MPIREDIST_TORCH_VERSION (default 2.13.0+cpu),
 # MPIREDIST_MPI_TIMEOUT (seconds per stage, default
 # 300), MPIREDIST_LARGE_TIMEOUT (default 900), MPIREDIST_HANG_DUMP (seconds
 # before a running test dumps its tracebacks, default 120),
@@ -260,9 +265,42 @@ SOAK_RANKS="${MPIREDIST_SOAK_RANKS:-5 7}"
 SOAK_CASES="${MPIREDIST_SOAK_CASES:-300}"
 SOAK_SEED="${MPIREDIST_SOAK_SEED:-1}"
 
+# The arrays users hold (tests/mpi/test_torch.py, test_jax.py): torch CPU and
+# JAX installed into the PyPI MPICH venv, their tests at ARRAY_RANKS in stages
+# of their own (the full-suite stages leave them out, so that no other stage
+# imports torch); the fake-device tests (test_device.py) run in every stage,
+# and scripts/gpu_check.sh --fake keeps the device check working on a CPU.
+ARRAY_RANKS="${MPIREDIST_ARRAY_RANKS-2 3}"
+ARRAY_TESTS=(tests/mpi/test_torch.py tests/mpi/test_jax.py)
+array_stages() {
+    local t rc=0 n
+    header "arrays set-up: pip install torch==$TORCH_VERSION ml_dtypes jax"
+    t="$(now)"
+    if [ "${MPIREDIST_SKIP_INSTALL:-0}" != 1 ]; then
+        python -m pip install -q "torch==$TORCH_VERSION" ml_dtypes jax || rc=$?
+    fi
+    python -c 'import torch, ml_dtypes, jax' || rc=$?
+    finish "arrays set-up" "$rc" "$t" "rc"
+    [ "$rc" = 0 ] || return 0
+    for n in $ARRAY_RANKS; do
+        mpi_stage "mpich np=$n torch+jax" "$n" "$MPI_TIMEOUT" "JAX_PLATFORMS=cpu" \
+            "${ARRAY_TESTS[@]}" tests/mpi/test_device.py "$@"
+    done
+    header "gpu check on a CPU: bash scripts/gpu_check.sh --fake (2 and 4 ranks)"
+    t="$(now)"
+    rc=0
+    timeout "$MPI_TIMEOUT" env MPIREDIST_GPU_RANKS="2 4" MPIREDIST_GPU_SCALE=128 \
+        PYTHON=python bash scripts/gpu_check.sh --fake > "$LOGROOT/gpu_check.txt" 2>&1 || rc=$?
+    grep -E "^gpu_check|geomean" "$LOGROOT/gpu_check.txt" || tail -n 20 "$LOGROOT/gpu_check.txt"
+    finish "gpu check (fake)" "$rc" "$t" "rc"
+}
+TORCH_VERSION="${MPIREDIST_TORCH_VERSION:-2.13.0+cpu}"
+NO_ARRAYS=(--ignore=tests/mpi/test_torch.py --ignore=tests/mpi/test_jax.py)
+
 if has_mpi mpich && [ "$MPICH_OK" = 1 ]; then
     MPI_RUN_ENV=(); MPI_LAUNCH=("$MPIEXEC")
-    mpi_stages mpich "$RANKS" large "$@"
+    mpi_stages mpich "$RANKS" large "${NO_ARRAYS[@]}" "$@"
+    [ -z "$ARRAY_RANKS" ] || array_stages "$@"
     for n in $CROSS_RANKS; do
         mpi_stage "mpich np=$n cross-mesh" "$n" "$MPI_TIMEOUT" "" "${CROSS_TESTS[@]}" "$@"
     done
@@ -284,7 +322,7 @@ failure_stage() {  # NAME PYTHON LAUNCHER...
 
 if has_mpi openmpi; then
     if mpi_setup_stage openmpi setup_openmpi; then
-        mpi_stages openmpi "$OMPI_RANKS" large "$@"
+        mpi_stages openmpi "$OMPI_RANKS" large "${NO_ARRAYS[@]}" "$@"
         failure_stage "openmpi failures" "${MPI_LAUNCH[0]%/mpiexec}/python" "${MPI_LAUNCH[@]}"
         soak_stage openmpi "${MPI_LAUNCH[0]%/mpiexec}/python"
     fi
@@ -292,7 +330,7 @@ fi
 
 if has_mpi system; then
     if mpi_setup_stage system-mpich setup_system_mpich SYSTEM_LIBMPI; then
-        mpi_stages system-mpich "$SYSTEM_RANKS" no-large "$@"
+        mpi_stages system-mpich "$SYSTEM_RANKS" no-large "${NO_ARRAYS[@]}" "$@"
     fi
 fi
 

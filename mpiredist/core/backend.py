@@ -16,8 +16,12 @@ backend     arrays                                      native view (no copy)
 ``torch``   ``torch.Tensor`` on a CUDA device           ``cupy.from_dlpack``
 ``cuda``    anything with ``__cuda_array_interface__``  ``cupy.asarray`` (a CuPy array
             (Numba device arrays, ...)                  comes back)
-``dlpack``  anything else with ``__dlpack__`` on the    ``numpy.from_dlpack``; back
-            host (``jax.Array`` on the CPU, ...)        through its array namespace
+``dlpack``  anything else with ``__dlpack__`` on the    ``numpy.from_dlpack`` (read-only
+            host (``jax.Array`` on the CPU, ...)        for JAX; bfloat16 through
+                                                        ``numpy.asarray``); back through
+                                                        its array namespace
+                                                        (``jax.numpy.from_dlpack``, which
+                                                        copies)
 ==========  ==========================================  ===============================
 
 bfloat16 has no numpy dtype of its own: a bfloat16 tensor is viewed as
@@ -171,7 +175,14 @@ class Backend:
         if self.name == "cuda":
             return cupy_or_error().asarray(array)
         if self.name == "dlpack":
-            return np.from_dlpack(array)
+            try:
+                return np.from_dlpack(array)
+            except (BufferError, RuntimeError, TypeError):   # a dtype DLPack lacks (bfloat16)
+                view = np.asarray(array)
+                if view.dtype == object:
+                    raise ShapeError(f"{what}: a {type(array).__name__} that numpy cannot "
+                                     "view (DLPack and numpy both refused it)") from None
+                return view
         # torch
         if array.requires_grad:
             raise ShapeError(f"{what} is a tensor that requires grad; mpiredist moves "
@@ -195,7 +206,12 @@ class Backend:
             return native
         if self.name == "dlpack":
             space = self._like
-            return native if space is None else space.from_dlpack(native)
+            if space is None:
+                return native
+            try:
+                return space.from_dlpack(native)
+            except (BufferError, RuntimeError, TypeError):   # a dtype DLPack lacks (bfloat16)
+                return space.asarray(native)
         torch = sys.modules["torch"]
         if self.device:
             return torch.from_dlpack(native)

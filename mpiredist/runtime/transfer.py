@@ -37,7 +37,8 @@ import warnings
 
 import numpy as np
 
-from ..core.backend import Backend, array_module, backend_of, c_contiguous, cupy_or_error
+from ..core.backend import (Backend, array_module, backend_of, c_contiguous, cupy_or_error,
+                            is_gpu)
 from ..core.blocks import box_shape, rank_block
 from ..core.errors import (BudgetWarning, ClosedError, DonationWarning, MemoryBudgetError,
                            MeshError, MpiredistError, PlanError, ShapeError)
@@ -56,7 +57,7 @@ from .comm import (base_comm, check_size, gpu_support, library_comm, mesh_comm, 
                    topology)
 from .context import Context
 from .exchange import Exchange
-from .inputs import (NOT_DONATED, check_block, check_out, check_workspace,
+from .inputs import (NOT_DONATED, Donation, check_block, check_out, check_workspace,
                      judge_donation, references)
 from .failure import guard
 from .memory import Fresh, OneBuffer
@@ -244,7 +245,7 @@ class Transfer:
                 "copies instead does not fit the memory of every rank")
         kind = self._agreed_kind(kind, local is not None or out is not None)
         if kind.device and not self._gpu_aware():
-            result = self._staged(local, out, records)
+            result = self._staged(local, out, records, verdict)
         else:
             result = self._execute(local, out, kind, flags["donate"], verdict, records)
         return given if given is not None else kind.wrap(result)
@@ -268,7 +269,7 @@ class Transfer:
                              "memory")
         return aware
 
-    def _staged(self, local, out, records):
+    def _staged(self, local, out, records, verdict=NOT_DONATED):
         """A device run on an MPI library that is not CUDA-aware: through host memory.
 
         The block is copied to the host, redistributed there, and the result
@@ -277,7 +278,7 @@ class Transfer:
         """
         cupy = cupy_or_error()
         host = None if local is None else cupy.asnumpy(local)
-        result = self._execute(host, None, _HOST, False, NOT_DONATED, records)
+        result = self._execute(host, None, _HOST, False, verdict, records)
         if result is None:
             return out
         if out is not None:
@@ -442,7 +443,10 @@ class MeshTransfer(Transfer):
         kept = self._choices[Variant.KEPT].budget.limit
         found = self._resources.available()
         fits = Resources.fits(kept, found)
-        if self._donate:
+        if self._donate and is_gpu(local):
+            verdict = Donation(False, False, "device arrays run out of place (the one-buffer "
+                                             "strategy works on host memory)")
+        elif self._donate:
             given = self._choices[Variant.GIVEN]
             verdict = judge_donation(local, extra, buffer_bytes(given.plan),
                                      fresh_buffer_fits(given.plan, self._workspace))
@@ -511,6 +515,13 @@ class MeshTransfer(Transfer):
             if choice.inplace and fits.inplace_peak > fits.limit:
                 warnings.warn(BudgetWarning(f"Transfer {self._plan.src} -> {self._plan.dst}: "
                                             f"{fits}"), stacklevel=5)
+            elif variant is Variant.DEVICE and fits.out_of_place_peak > fits.limit:
+                warnings.warn(BudgetWarning(
+                    f"Transfer {self._plan.src} -> {self._plan.dst}: device arrays run out "
+                    f"of place (the one-buffer strategy works on host memory): predicted "
+                    f"peak {format_bytes(fits.out_of_place_peak)} exceeds the limit "
+                    f"{format_bytes(fits.limit)} by "
+                    f"{format_bytes(fits.out_of_place_peak - fits.limit)}"), stacklevel=5)
         return choice, self._contexts[variant]
 
     def _warn_donation(self, why):

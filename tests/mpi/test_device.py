@@ -10,6 +10,8 @@ duplicate of COMM_WORLD, since the ranks agree on CUDA-awareness once per
 communicator.  Results against the oracle; any N (CI: 2 and 3).
 """
 
+import warnings
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -161,3 +163,38 @@ def test_cuda_awareness_is_agreed(monkeypatch):
         all_ok(COMM, gpu_support(comm) == (False, True), f"agreed: {gpu_support(comm)}")
     finally:
         comm.Free()
+
+
+def test_device_budget_and_donation_warnings(mode):
+    """Device arrays run out of place: past the contract a BudgetWarning names the
+    excess before anything runs; a donated device block says why it was not taken."""
+    name, comm = mode
+    if P < 2:
+        pytest.skip("needs 2 ranks")
+    mesh = mr.Mesh(f"x={P}", comm=comm)
+    shape, src, dst = (64 * P, 64 * P), "[{x}, {}]", "[{}, {x}]"
+    G = oracle.global_array(shape, np.dtype("f8"), np.random.default_rng(5))
+    want = oracle.expected(G, [("x", P)], [[], ["x"]], RANK)
+    local = _device_block(G, mesh, src)
+    if name == "aware":
+        # with W = 0, this reduce-scatter out of place exceeds max(S, T) at 2 ranks
+        from mpiredist.planning.budget import choose
+        part = _device_block(G, mesh, "[{}, {}] sum{x}")
+        fits = choose(mr.plan(shape, "f8", mesh, "[{}, {}] sum{x}", "[{x}, {}]"), False, 0,
+                      True).budget
+        past = fits.out_of_place_peak > fits.limit
+        assert past or P > 2
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            got = mr.redistribute(part, shape, mesh, "[{}, {}] sum{x}", "[{x}, {}]",
+                                  workspace_bytes=0)
+        told = [w for w in seen if issubclass(w.category, mr.BudgetWarning)
+                and "device arrays run out of place" in str(w.message)
+                and "exceeds" in str(w.message)]
+        all_ok(COMM, len(told) == int(past), f"a BudgetWarning iff past the contract ({fits})")
+        rows = oracle.expected(G, [("x", P)], [["x"], []], RANK)
+        all_ok(COMM, np.allclose(got.view(np.ndarray), rows, rtol=1e-12),
+               "the run past the contract is still right")
+    with pytest.warns(mr.DonationWarning, match="device arrays run out of place"):
+        got = mr.redistribute(local, shape, mesh, src, dst, donate=True)
+    all_ok(COMM, _same(got, want), f"{name}: donated device block")

@@ -192,3 +192,35 @@ def test_errors_on_every_rank():
     t.free()
     with pytest.raises(mr.ShapeError, match="has no reduction"):
         mr.redistribute(np.zeros(shape, "U2"), shape, mesh, "[{}, {}] sum{x}", dst)
+
+
+@pytest.mark.parametrize("src,dst", [("[{x}, {}]", "[{}, {x}]"), ("[{}, {x}]", "[{x}, {}]"),
+                                     ("[{}, {}] sum{x}", "[{x}, {}]")])
+def test_memory_contract_for_tensors(src, dst):
+    """Tensors are viewed, not copied: the call's growth of the peak resident set
+    (torch and MPI included) stays within max(S, T) + W plus 1 MiB, and what
+    tracemalloc sees within the bound, as for numpy blocks."""
+    import tracemalloc
+
+    from mpiredist.bench.memory import rss_environment_missing, rss_peak, rss_supported
+    from mpiredist.planning.budget import default_workspace
+    mesh = mr.Mesh(f"x={P}")
+    shape = (512 * P, 512)                          # 1 MiB float32 blocks
+    plan = mr.plan(shape, torch.float32, mesh, src, dst)
+    limit = max(plan.src_local_bytes, plan.dst_local_bytes) + default_workspace(plan)
+    block = mr.Transfer(shape, torch.float32, mesh, src, dst).source_shape
+    local = torch.from_numpy(np.ones(block, np.float32))
+    mr.redistribute(local, shape, mesh, src, dst)                    # warm-up
+    tracemalloc.start()
+    got = mr.redistribute(local, shape, mesh, src, dst)
+    traced = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    del got
+    all_ok(COMM, traced <= limit + (64 << 10), f"tracemalloc {traced} B > {limit} B")
+    if rss_supported() and not rss_environment_missing():
+        COMM.Barrier()
+        with rss_peak() as e:
+            got = mr.redistribute(local, shape, mesh, src, dst)
+        used = COMM.allreduce(e.bytes, op=MPI.MAX)
+        all_ok(COMM, isinstance(got, torch.Tensor) and used <= limit + (1 << 20),
+               f"RSS growth {used} B > {limit} B + 1 MiB")

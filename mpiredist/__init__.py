@@ -26,7 +26,7 @@ from .planning.plans import Plan, Step
 __version__ = "0.2.0"
 
 __all__ = ["Mesh", "Layout", "Topology", "Plan", "Step", "plan", "topology", "Transfer",
-           "DistArray", "redistribute",
+           "TransferGroup", "DistArray", "redistribute", "redistribute_many", "redistribute_tree",
            "matmul", "concatenate",
            "MpiredistError", "LayoutError", "MeshError", "ShapeError", "PlanError",
            "MismatchError", "RemoteError", "CommunicationError", "MemoryBudgetError",
@@ -38,6 +38,9 @@ plan = _planner.plan
 # public name -> (module, attribute or None for the module itself), imported below
 _PUBLIC = {
     "Transfer": (".runtime.transfer", "Transfer"),
+    "TransferGroup": (".runtime.group", "TransferGroup"),
+    "redistribute_many": (".arrays.many", "redistribute_many"),
+    "redistribute_tree": (".arrays.many", "redistribute_tree"),
     "topology": (".runtime.comm", "topology"),
     "DistArray": (".arrays.distarray", "DistArray"),
     "redistribute": (".arrays.base", "redistribute"),

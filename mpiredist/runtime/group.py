@@ -1,0 +1,451 @@
+"""TransferGroup: many arrays redistributed together, agreed once, in few collectives.
+
+A model's weights or optimizer state are hundreds of arrays, most of them
+small; one :class:`~mpiredist.Transfer` each costs an agreement and a few
+collectives per array, and latency dominates.  A group agrees once for all
+its items and moves them by the one exchange model
+(:mod:`mpiredist.planning.pieces`: which rank sends which box of which item
+to whom, partial sums included, on one mesh or between meshes): the pieces
+of many items go in **one** ``Alltoallv`` of bytes per *bucket*, packed per
+peer into one shared buffer.
+
+Buckets are made from the items in order, from values alike on every rank:
+an item joins the current bucket while what the busiest rank sends and
+receives for the bucket's items (from every rank's pieces) fits the pack
+room (W less a margin); an item too large for the room moves alone through
+the exchange engine in pipelined parts (:meth:`Exchange.run
+<mpiredist.runtime.exchange.Exchange.run>`), within W.  A group of N items
+that fit one bucket makes one collective, as one item does.  Items of the
+same shape, dtype and layouts share their pieces (computed once).
+
+Memory (this rank): the target blocks it allocates (sum of T_i), plus the
+bucket's send and receive buffers (at most the pack room, W), plus the
+Python objects of the pieces; the sources are read in place.  That is
+within the bound sum_i max(S_i, T_i) + W, which the tests measure.
+
+Partial sums combine on the receiving rank in a fixed order: the first
+class of a box is copied, the others are added in the order (class, peer
+offset), the same on every run and every replica.
+"""
+
+import math
+
+import numpy as np
+
+from ..core.errors import MpiredistError, PlanError, ShapeError
+from ..core.mesh import Mesh
+from ..planning import planner
+from ..planning.budget import MARGIN, workspace_for
+from ..planning.pieces import Holders, layout_sources, layout_targets, recv_pieces
+from ..planning.plans import _bytes as format_bytes
+from .agree import agree, check_together, fingerprint
+from .comm import base_comm, library_comm
+from .context import Context
+from .exchange import Exchange, _index, _offsets
+from .failure import guard
+from .inputs import check_block, check_out, check_workspace
+from .transfer import _HOST, _native, _same_comm
+
+__all__ = ["TransferGroup"]
+
+ALIGN = 16          # bytes: each piece starts at a multiple of this in a bucket buffer
+
+
+class _Item:
+    """One item's geometry on this rank: its Exchange (pieces, relative boxes)."""
+
+    __slots__ = ("name", "shape", "dtype", "src", "dst", "exchange", "need", "bucket")
+
+    def __init__(self, name, shape, dtype, src, dst, exchange, need):
+        self.name, self.shape, self.dtype, self.src, self.dst = name, shape, dtype, src, dst
+        self.exchange, self.need, self.bucket = exchange, need, None
+
+
+def _entries(items):
+    """``(names, specs, as_dict)`` of a list or dict of ``(shape, dtype, src, dst)``."""
+    if isinstance(items, dict):
+        return list(items), list(items.values()), True
+    items = list(items)
+    return list(range(len(items))), items, False
+
+
+class TransferGroup:
+    """Redistribute many arrays together (collective; see the module doc).
+
+    Parameters
+    ----------
+    items : list or dict
+        ``(global_shape, dtype, src, dst)`` per item (layouts as
+        :class:`~mpiredist.Layout` or text), in a list or a dict by name.
+    mesh : Mesh
+        The source layouts' mesh.
+    dst_mesh : Mesh, optional
+        The target layouts' mesh (default ``mesh``), on the same
+        communicator: a weight sync from training ranks to inference ranks.
+    workspace_bytes : int, optional
+        W, the room of the bucket buffers (default: a quarter of the most
+        that any rank holds of the group, the sum over items of
+        max(S_i, T_i), plus 1 MiB: the single-array default applied to the
+        group as a whole).
+
+    Every rank of the communicator constructs the group with the same
+    items; one agreement checks them all, and a bad item raises on every
+    rank naming the item.  Then :meth:`run` with the blocks in the same form.
+    """
+
+    def __init__(self, items, mesh, dst_mesh=None, workspace_bytes=None):
+        names, specs, self._as_dict = _entries(items)
+
+        def body(mesh, rank):
+            target = mesh if dst_mesh is None else (
+                dst_mesh if isinstance(dst_mesh, Mesh) else Mesh(dst_mesh))
+            if not _same_comm(mesh.comm, target.comm):
+                raise ShapeError("TransferGroup: the target mesh is on another communicator "
+                                 "than the source mesh")
+            size = base_comm(mesh).Get_size()
+            mesh.check_ranks(size, "source")
+            target.check_ranks(size, "target")
+            parsed = [_parse(name, spec, mesh, target) for name, spec in zip(names, specs)]
+            w = check_workspace(workspace_bytes)
+            return (target, parsed, w), dict(
+                mesh=repr(mesh), dst_mesh=repr(target), workspace=w,
+                items=fingerprint(*[(n, *p) for n, p in zip(names, parsed)]))
+
+        mesh, (target, parsed, w) = check_together("TransferGroup", mesh, body)
+        self._mesh, self._target_mesh = mesh, target
+        comm = base_comm(mesh)
+        self._base, self._comm = comm, library_comm(comm)
+        size, me = comm.Get_size(), comm.Get_rank()
+        shapes = {}             # per distinct item: (sources, targets, pack need)
+        per_rank = np.zeros(size, dtype=np.int64)      # sum of max(S_i, T_i) per rank
+        for shape, dtype, src, dst in parsed:
+            key = (shape, dtype, src, dst)
+            if key not in shapes:
+                sources = layout_sources(shape, mesh, src, size)
+                targets = layout_targets(shape, target, dst, size,
+                                         keep_classes=bool(dst.partial))
+                shapes[key] = (sources, targets, _pack_need(sources, targets) * dtype.itemsize)
+            sources, targets, _ = shapes[key]
+            per_rank += [max(_size(s), _size(t)) * dtype.itemsize
+                         for s, t in zip(sources, targets)]
+        self._workspace = workspace_for(int(per_rank.max(initial=0))) if w is None else w
+        self._room = max(0, self._workspace - min(self._workspace // 4, MARGIN))
+        self._contexts, exchanges = {}, {}
+        self._items = []
+        for name, key in zip(names, parsed):
+            shape, dtype, src, dst = key
+            if key not in exchanges:
+                sources, targets, _ = shapes[key]
+                exchanges[key] = Exchange(self._context(dtype), sources, targets,
+                                          self._workspace, src.op)
+            self._items.append(_Item(name, shape, dtype, src, dst, exchanges[key],
+                                     shapes[key][2]))
+        self._buckets, self._alone = self._schedule()
+        self._identity = dict(group=fingerprint(mesh, target, self._workspace,
+                                                *[(i.name, i.shape, i.dtype, i.src, i.dst)
+                                                  for i in self._items]))
+        self._freed = False
+        self.calls = 0          # MPI calls that moved data, over all runs
+
+    # ------------------------------------------------------------ set-up
+
+    def _context(self, dtype):
+        found = self._contexts.get(dtype)
+        if found is None:
+            found = self._contexts[dtype] = Context(self._comm, dtype)
+        return found
+
+    def _schedule(self):
+        """Buckets (lists of item indices) and the items that move alone, from
+        what the busiest rank packs for each item (alike on every rank)."""
+        limit = min(self._room, next(iter(self._contexts.values())).count_limit
+                    if self._contexts else self._room)
+        buckets, alone, current, used = [], [], [], 0
+        for k, item in enumerate(self._items):
+            need = item.need + 2 * ALIGN * self._comm.Get_size()
+            if need > limit:
+                alone.append(k)
+                continue
+            if current and used + need > limit:
+                buckets.append(current)
+                current, used = [], 0
+            current.append(k)
+            used += need
+        if current:
+            buckets.append(current)
+        for b, ks in enumerate(buckets):
+            for k in ks:
+                self._items[k].bucket = b
+        return buckets, alone
+
+    # ------------------------------------------------------------ public
+
+    @property
+    def names(self):
+        """The items' names (dict keys, or list positions)."""
+        return [i.name for i in self._items]
+
+    @property
+    def workspace_bytes(self):
+        return self._workspace
+
+    @property
+    def source_shapes(self):
+        """This rank's source block shape per item (None outside the source mesh)."""
+        return self._form([i.exchange.source_shape for i in self._items])
+
+    @property
+    def target_shapes(self):
+        """This rank's target block shape per item (None outside the target mesh)."""
+        return self._form([i.exchange.target_shape for i in self._items])
+
+    @property
+    def bound(self):
+        """This rank's memory bound: sum over items of max(S_i, T_i), plus W (bytes)."""
+        total = 0
+        for i in self._items:
+            s, t = i.exchange.source_shape, i.exchange.target_shape
+            sizes = [math.prod(x) * i.dtype.itemsize for x in (s, t) if x is not None]
+            total += max(sizes + [0])
+        return total + self._workspace
+
+    def __len__(self):
+        return len(self._items)
+
+    def __repr__(self):
+        return (f"TransferGroup({len(self._items)} items, {self._mesh!r} -> "
+                f"{self._target_mesh!r}, workspace_bytes={self._workspace})")
+
+    def explain(self):
+        """How the group runs: buckets, their collectives and bytes, items alone."""
+        lines = [f"{self!r}: {len(self._buckets)} bucket(s) of one Alltoallv each, "
+                 f"{len(self._alone)} item(s) alone in pipelined parts; pack room "
+                 f"{format_bytes(self._room)}; bound on this rank {format_bytes(self.bound)}"]
+        for b, ks in enumerate(self._buckets):
+            sent = sum(self._items[k].exchange.bytes_sent for k in ks)
+            lines.append(f"  bucket {b}: {len(ks)} item(s) ({_names(self._items, ks)}), "
+                         f"this rank sends {format_bytes(sent)}, 1 Alltoallv")
+        for k in self._alone:
+            i = self._items[k]
+            lines.append(f"  item {i.name!r} alone: packs up to {format_bytes(i.need)} on a "
+                         f"rank, exchange in parts, this rank sends "
+                         f"{format_bytes(i.exchange.bytes_sent)}")
+        return "\n".join(lines)
+
+    def free(self):
+        """Release the group's datatypes (local, no communication)."""
+        if not self._freed:
+            self._freed = True
+            for ctx in self._contexts.values():
+                ctx.free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def run(self, blocks, out=None):
+        """Redistribute every item (collective); return the target blocks.
+
+        ``blocks``: this rank's source block per item, in the form the items
+        were given (a list, or a dict by name); None (or None per item) on a
+        rank outside the source mesh.  ``out``: target blocks to fill, in the
+        same form, or None.  Returns the target blocks in that form (None per
+        item outside the target mesh), in the blocks' array library.  Every
+        rank checks its blocks; one agreement raises on every rank, naming
+        the first bad item, before any data moves.
+        """
+        rank = self._base.Get_rank()
+        error, kind, natives, outs = None, _HOST, None, None
+        try:
+            if self._freed:
+                raise ShapeError(f"rank {rank}: {self!r} was freed")
+            kind, natives, outs = self._inputs(blocks, out, rank)
+        except (ValueError, MpiredistError) as exc:
+            error = exc
+        agree(self._base, "TransferGroup.run", error, dict(self._identity, kind=str(kind)))
+        if kind.device:
+            raise ShapeError(f"{self!r}: device arrays are not supported by groups yet; "
+                             "move them with one Transfer each")
+        results = guard(self._base, repr(self), self._move, natives, outs)
+        given = self._listed(out)
+        return self._form([g if g is not None else kind.wrap(r)
+                           for g, r in zip(given, results)])
+
+    # ------------------------------------------------------------ running
+
+    def _listed(self, values):
+        if values is None:
+            return [None] * len(self._items)
+        if self._as_dict:
+            return [values.get(i.name) for i in self._items]
+        values = list(values)
+        if len(values) != len(self._items):
+            raise ShapeError(f"{len(values)} blocks for a group of {len(self._items)} items")
+        return values
+
+    def _form(self, values):
+        if self._as_dict:
+            return {i.name: v for i, v in zip(self._items, values)}
+        return list(values)
+
+    def _inputs(self, blocks, out, rank):
+        """This rank's blocks as native arrays, each checked; the agreed library."""
+        if self._as_dict and blocks is not None and not isinstance(blocks, dict):
+            raise ShapeError(f"rank {rank}: the group's items are a dict; pass the blocks "
+                             "as a dict by name")
+        if self._as_dict and isinstance(blocks, dict):
+            extra = [k for k in blocks if k not in set(self.names)]
+            if extra:
+                raise ShapeError(f"rank {rank}: blocks for unknown item(s) {extra[:4]}")
+        listed, into = self._listed(blocks), self._listed(out)
+        kinds, natives, outs = set(), [], []
+        for item, local, o in zip(self._items, listed, into):
+            try:
+                k, local, o = _native(local, o, rank)
+                if local is not None or o is not None:
+                    kinds.add(k)
+                ex = item.exchange
+                if ex.source_shape is None and local is not None:
+                    raise ShapeError(f"rank {rank} is outside the source mesh: pass None")
+                if ex.source_shape is not None:
+                    if local is None:
+                        raise ShapeError(f"rank {rank}: no block (None)")
+                    check_block(local, ex.source_shape, item.dtype, rank)
+                if o is not None:
+                    if ex.target_shape is None:
+                        raise ShapeError(f"rank {rank} is outside the target mesh: out None")
+                    check_out(o, local, ex.target_shape, item.dtype, rank)
+            except (ValueError, MpiredistError) as exc:
+                raise type(exc)(f"item {item.name!r}: {exc}") from None
+            natives.append(local)
+            outs.append(o)
+        if len(kinds) > 1:
+            raise ShapeError(f"rank {rank}: the group's blocks are of different libraries: "
+                             f"{sorted(map(str, kinds))}")
+        return (kinds.pop() if kinds else _HOST), natives, outs
+
+    def _move(self, natives, outs):
+        targets = []
+        for item, local, o in zip(self._items, natives, outs):
+            shape = item.exchange.target_shape
+            if o is None and shape is not None:
+                o = np.empty(shape, item.dtype)
+            targets.append(o)
+        for ks in self._buckets:
+            self._bucket(ks, natives, targets)
+        for k in self._alone:
+            item = self._items[k]
+            ex = item.exchange
+            before = ex.ctx.calls
+            ex.run(natives[k], targets[k])
+            self.calls += ex.ctx.calls - before
+        return targets
+
+    def _bucket(self, ks, natives, targets):
+        """Every piece of the bucket's items in one ``Alltoallv`` of bytes."""
+        comm, n = self._comm, self._comm.Get_size()
+        me = comm.Get_rank()
+        sends = [[] for _ in range(n)]      # per peer: (item, box of source, nbytes)
+        recvs = [[] for _ in range(n)]
+        for k in ks:
+            ex, size = self._items[k].exchange, self._items[k].dtype.itemsize
+            for s in ex.sends:
+                if s.peer != me:
+                    sends[s.peer].append((k, s, _padded(math.prod(s.box[1]) * size)))
+            for r in ex.recvs:
+                if r.own is None:
+                    recvs[r.peer].append((k, r, _padded(math.prod(r.box[1]) * size)))
+        send_counts = [sum(x[2] for x in sends[p]) for p in range(n)]
+        recv_counts = [sum(x[2] for x in recvs[p]) for p in range(n)]
+        send_at, recv_at = _offsets(send_counts), _offsets(recv_counts)
+        buffer = np.empty(sum(send_counts) + sum(recv_counts), np.uint8)
+        out, back = buffer[:sum(send_counts)], buffer[sum(send_counts):]
+        for p in range(n):
+            at = send_at[p]
+            for k, s, nbytes in sends[p]:
+                shape = s.box[1]
+                count = math.prod(shape)
+                dtype = self._items[k].dtype
+                slot = out[at:at + count * dtype.itemsize].view(dtype).reshape(shape)
+                slot[...] = natives[k][_index(s.box)]
+                at += nbytes
+        B = self._base_byte()
+        self.calls += 1
+        comm.Alltoallv([out, send_counts, send_at, B], [back, recv_counts, recv_at, B])
+        arrived = {}
+        for p in range(n):
+            at = recv_at[p]
+            for k, r, nbytes in recvs[p]:
+                dtype = self._items[k].dtype
+                count = math.prod(r.box[1])
+                arrived[(k, r.key)] = back[at:at + count * dtype.itemsize].view(
+                    dtype).reshape(r.box[1])
+                at += nbytes
+        for k in ks:
+            ex = self._items[k].exchange
+            target = targets[k]
+            if target is None:
+                continue
+            reducer = ex.reducer
+            # the first class of each box is copied, the others added in key order
+            for r in sorted(ex.recvs, key=lambda r: (r.combine, r.key)):
+                value = (natives[k][_index(r.own)] if r.own is not None
+                         else arrived[(k, r.key)])
+                view = target[_index(r.box)]
+                if r.combine:
+                    reducer(view, value, out=view)
+                else:
+                    view[...] = value
+
+    def _base_byte(self):
+        return next(iter(self._contexts.values())).MPI.BYTE
+
+
+def _parse(name, spec, mesh, target):
+    """``(shape, dtype, src, dst)`` of one item, validated; errors name the item."""
+    try:
+        try:
+            shape, dtype, src, dst = spec
+        except (TypeError, ValueError):
+            raise ShapeError(f"is {spec!r}, not a (shape, dtype, src, dst) tuple") from None
+        shape, dt, _, s, _ = planner.validate(shape, dtype, mesh, src, src)
+        _, _, _, d, _ = planner.validate(shape, dt, target, dst, dst)
+        if d.partial and (target != mesh or d.partial != s.partial or d.op != s.op):
+            raise PlanError(f"target {d} keeps partial sums; a group keeps them only on one "
+                            "mesh with the source's partial axes and op")
+        if s.partial and not d.partial:
+            planner._check_reducible(dt, s)
+        return shape, dt, s, d
+    except (ValueError, MpiredistError) as exc:
+        raise type(exc)(f"item {name!r}: {exc}") from None
+
+
+def _size(entry):
+    return 0 if entry is None else math.prod(b - a for a, b in entry.box)
+
+
+def _pack_need(sources, targets):
+    """The most elements any rank sends and receives (to and from other ranks) in
+    the exchange from ``sources`` to ``targets``: what a bucket must hold for
+    it on the busiest rank (alike on every rank: from every rank's pieces)."""
+    holders = Holders(sources)
+    sent = np.zeros(len(targets), dtype=np.int64)
+    received = np.zeros(len(targets), dtype=np.int64)
+    for q in range(len(targets)):
+        for x in recv_pieces(q, sources, targets, holders):
+            if x.peer != q:
+                n = math.prod(b - a for a, b in x.box)
+                received[q] += n
+                sent[x.peer] += n
+    return int((sent + received).max(initial=0))
+
+
+def _padded(nbytes):
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def _names(items, ks):
+    shown = ", ".join(repr(items[k].name) for k in ks[:4])
+    return shown + (", ..." if len(ks) > 4 else "")

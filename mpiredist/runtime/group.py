@@ -54,11 +54,16 @@ ALIGN = 16          # bytes: each piece starts at a multiple of this in a bucket
 class _Item:
     """One item's geometry on this rank: its Exchange (pieces, relative boxes)."""
 
-    __slots__ = ("name", "shape", "dtype", "src", "dst", "exchange", "need", "bucket")
+    __slots__ = ("name", "shape", "dtype", "src", "dst", "exchange", "need", "bucket",
+                 "source_shape", "target_shape", "order")
 
     def __init__(self, name, shape, dtype, src, dst, exchange, need):
         self.name, self.shape, self.dtype, self.src, self.dst = name, shape, dtype, src, dst
         self.exchange, self.need, self.bucket = exchange, need, None
+        self.source_shape, self.target_shape = exchange.source_shape, exchange.target_shape
+        # receives in the order they are applied: first classes copied, then the
+        # others added in key order (class, peer offset)
+        self.order = sorted(exchange.recvs, key=lambda r: (r.combine, r.key))
 
 
 def _entries(items):
@@ -141,6 +146,7 @@ class TransferGroup:
             self._items.append(_Item(name, shape, dtype, src, dst, exchanges[key],
                                      shapes[key][2]))
         self._buckets, self._alone = self._schedule()
+        self._layouts = {}      # bucket -> its messages, made on the first run
         self._identity = dict(group=fingerprint(mesh, target, self._workspace,
                                                 *[(i.name, i.shape, i.dtype, i.src, i.dst)
                                                   for i in self._items]))
@@ -192,19 +198,19 @@ class TransferGroup:
     @property
     def source_shapes(self):
         """This rank's source block shape per item (None outside the source mesh)."""
-        return self._form([i.exchange.source_shape for i in self._items])
+        return self._form([i.source_shape for i in self._items])
 
     @property
     def target_shapes(self):
         """This rank's target block shape per item (None outside the target mesh)."""
-        return self._form([i.exchange.target_shape for i in self._items])
+        return self._form([i.target_shape for i in self._items])
 
     @property
     def bound(self):
         """This rank's memory bound: sum over items of max(S_i, T_i), plus W (bytes)."""
         total = 0
         for i in self._items:
-            s, t = i.exchange.source_shape, i.exchange.target_shape
+            s, t = i.source_shape, i.target_shape
             sizes = [math.prod(x) * i.dtype.itemsize for x in (s, t) if x is not None]
             total += max(sizes + [0])
         return total + self._workspace
@@ -296,7 +302,8 @@ class TransferGroup:
             raise ShapeError(f"rank {rank}: the group's items are a dict; pass the blocks "
                              "as a dict by name")
         if self._as_dict and isinstance(blocks, dict):
-            extra = [k for k in blocks if k not in set(self.names)]
+            known = set(self.names)
+            extra = [k for k in blocks if k not in known]
             if extra:
                 raise ShapeError(f"rank {rank}: blocks for unknown item(s) {extra[:4]}")
         listed, into = self._listed(blocks), self._listed(out)
@@ -306,17 +313,16 @@ class TransferGroup:
                 k, local, o = _native(local, o, rank)
                 if local is not None or o is not None:
                     kinds.add(k)
-                ex = item.exchange
-                if ex.source_shape is None and local is not None:
+                if item.source_shape is None and local is not None:
                     raise ShapeError(f"rank {rank} is outside the source mesh: pass None")
-                if ex.source_shape is not None:
+                if item.source_shape is not None:
                     if local is None:
                         raise ShapeError(f"rank {rank}: no block (None)")
-                    check_block(local, ex.source_shape, item.dtype, rank)
+                    check_block(local, item.source_shape, item.dtype, rank)
                 if o is not None:
-                    if ex.target_shape is None:
+                    if item.target_shape is None:
                         raise ShapeError(f"rank {rank} is outside the target mesh: out None")
-                    check_out(o, local, ex.target_shape, item.dtype, rank)
+                    check_out(o, local, item.target_shape, item.dtype, rank)
             except (ValueError, MpiredistError) as exc:
                 raise type(exc)(f"item {item.name!r}: {exc}") from None
             natives.append(local)
@@ -329,12 +335,12 @@ class TransferGroup:
     def _move(self, natives, outs):
         targets = []
         for item, local, o in zip(self._items, natives, outs):
-            shape = item.exchange.target_shape
+            shape = item.target_shape
             if o is None and shape is not None:
                 o = np.empty(shape, item.dtype)
             targets.append(o)
-        for ks in self._buckets:
-            self._bucket(ks, natives, targets)
+        for b in range(len(self._buckets)):
+            self._bucket(b, natives, targets)
         for k in self._alone:
             item = self._items[k]
             ex = item.exchange
@@ -343,61 +349,72 @@ class TransferGroup:
             self.calls += ex.ctx.calls - before
         return targets
 
-    def _bucket(self, ks, natives, targets):
-        """Every piece of the bucket's items in one ``Alltoallv`` of bytes."""
-        comm, n = self._comm, self._comm.Get_size()
-        me = comm.Get_rank()
-        sends = [[] for _ in range(n)]      # per peer: (item, box of source, nbytes)
-        recvs = [[] for _ in range(n)]
+    def _layout(self, ks):
+        """A bucket's messages, worked out once: per piece sent ``(item, index,
+        byte offset, dtype, shape)``, per piece received ``(item, index into
+        the target, byte offset or None for this rank's own, index into the
+        source, combine)`` in the order they apply, and the byte counts and
+        displacements per peer."""
+        n, me = self._comm.Get_size(), self._comm.Get_rank()
+        sends, recvs = [[] for _ in range(n)], [[] for _ in range(n)]
         for k in ks:
             ex, size = self._items[k].exchange, self._items[k].dtype.itemsize
-            for s in ex.sends:
-                if s.peer != me:
-                    sends[s.peer].append((k, s, _padded(math.prod(s.box[1]) * size)))
+            for x in ex.sends:
+                if x.peer != me:
+                    sends[x.peer].append((k, x, _padded(math.prod(x.box[1]) * size)))
             for r in ex.recvs:
                 if r.own is None:
                     recvs[r.peer].append((k, r, _padded(math.prod(r.box[1]) * size)))
         send_counts = [sum(x[2] for x in sends[p]) for p in range(n)]
         recv_counts = [sum(x[2] for x in recvs[p]) for p in range(n)]
         send_at, recv_at = _offsets(send_counts), _offsets(recv_counts)
-        buffer = np.empty(sum(send_counts) + sum(recv_counts), np.uint8)
-        out, back = buffer[:sum(send_counts)], buffer[sum(send_counts):]
+        packs, offset = [], {}
         for p in range(n):
             at = send_at[p]
-            for k, s, nbytes in sends[p]:
-                shape = s.box[1]
-                count = math.prod(shape)
-                dtype = self._items[k].dtype
-                slot = out[at:at + count * dtype.itemsize].view(dtype).reshape(shape)
-                slot[...] = natives[k][_index(s.box)]
+            for k, x, nbytes in sends[p]:
+                packs.append((k, _index(x.box), at, self._items[k].dtype, x.box[1]))
                 at += nbytes
-        B = self._base_byte()
-        self.calls += 1
-        comm.Alltoallv([out, send_counts, send_at, B], [back, recv_counts, recv_at, B])
-        arrived = {}
-        for p in range(n):
             at = recv_at[p]
             for k, r, nbytes in recvs[p]:
-                dtype = self._items[k].dtype
-                count = math.prod(r.box[1])
-                arrived[(k, r.key)] = back[at:at + count * dtype.itemsize].view(
-                    dtype).reshape(r.box[1])
+                offset[(k, r.key)] = at
                 at += nbytes
+        applies = []
         for k in ks:
-            ex = self._items[k].exchange
+            for r in self._items[k].order:
+                applies.append((k, _index(r.box), offset.get((k, r.key)),
+                                None if r.own is None else _index(r.own), r.combine, r.box[1]))
+        total = sum(send_counts)
+        return packs, applies, (send_counts, send_at, recv_counts, recv_at, total,
+                                total + sum(recv_counts))
+
+    def _bucket(self, b, natives, targets):
+        """Every piece of bucket ``b``'s items in one ``Alltoallv`` of bytes."""
+        if b not in self._layouts:
+            self._layouts[b] = self._layout(self._buckets[b])
+        packs, applies, (send_counts, send_at, recv_counts, recv_at, split, size) = \
+            self._layouts[b]
+        buffer = np.empty(size, np.uint8)
+        out, back = buffer[:split], buffer[split:]
+        for k, index, at, dtype, shape in packs:
+            slot = out[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+            slot[...] = natives[k][index]
+        B = self._base_byte()
+        self.calls += 1
+        self._comm.Alltoallv([out, send_counts, send_at, B], [back, recv_counts, recv_at, B])
+        for k, index, at, own, combine, shape in applies:
             target = targets[k]
             if target is None:
                 continue
-            reducer = ex.reducer
-            # the first class of each box is copied, the others added in key order
-            for r in sorted(ex.recvs, key=lambda r: (r.combine, r.key)):
-                value = (natives[k][_index(r.own)] if r.own is not None
-                         else arrived[(k, r.key)])
-                view = target[_index(r.box)]
-                if r.combine:
-                    reducer(view, value, out=view)
-                else:
-                    view[...] = value
+            if own is not None:
+                value = natives[k][own]
+            else:
+                dtype = target.dtype
+                value = back[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+            view = target[index]
+            if combine:
+                self._items[k].exchange.reducer(view, value, out=view)
+            else:
+                view[...] = value
 
     def _base_byte(self):
         return next(iter(self._contexts.values())).MPI.BYTE

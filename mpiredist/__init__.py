@@ -31,7 +31,7 @@ __all__ = ["Mesh", "Layout", "Topology", "Plan", "Step", "plan", "topology", "Tr
            "MpiredistError", "LayoutError", "MeshError", "ShapeError", "PlanError",
            "MismatchError", "RemoteError", "CommunicationError", "MemoryBudgetError",
            "ClosedError", "BudgetWarning", "DonationWarning",
-           "ops", "heat", "fft", "hdf5"]
+           "ops", "heat", "fft", "hdf5", "torch"]
 
 plan = _planner.plan
 
@@ -48,6 +48,7 @@ _PUBLIC = {
     "concatenate": (".arrays.shape", "concatenate"),
     "ops": (".arrays.ops", None),
     "heat": (".arrays.heat", None),
+    "torch": (".arrays.dtensor", None),
     "fft": (".arrays.fft", None),
     "hdf5": (".arrays.hdf5", None),
 }

@@ -22,7 +22,7 @@ from . import ops
 from ..core.errors import LayoutError, MeshError
 from ..core.layout import Layout
 
-__all__ = ["layout_for_split", "split_of", "split", "resplit", "resplit_"]
+__all__ = ["layout_for_split", "split_of", "split", "resplit", "resplit_", "heat_counts"]
 
 
 def _ndim(ndim):
@@ -147,6 +147,9 @@ def resplit(array, axis=None):
     """Return ``array`` split along ``axis`` (None: replicated) (collective).
 
     The HeAT ``resplit``: ``array.redistribute(layout_for_split(axis, ...))``.
+    ``array`` may also be a ``heat.DNDarray``: then the result is one too,
+    with HeAT's own (balanced) distribution on ``axis``, moved by one
+    mpiredist exchange within max(S, T) + W (a drop-in for ``heat.resplit``).
     ``array`` is not modified.  Needs a 1-D mesh, e.g. ``Mesh({"x": 4})``
     with ``mpirun -n 4``.  A partial ``array`` is reduced on the way.
 
@@ -157,11 +160,79 @@ def resplit(array, axis=None):
     LayoutError
         ``axis`` is out of range.
     """
+    if type(array).__module__.split(".")[0] == "heat":
+        return _resplit_dndarray(array, axis)
     name = _axis_name(array, f"resplit(axis={axis!r})")
     dst = layout_for_split(axis, array.ndim, name)
     if array.layout.partial:
         return ops.reduce(array, dst)
     return array.redistribute(dst)
+
+
+def heat_counts(n, size):
+    """HeAT's lengths of a dim of ``n`` split over ``size`` processes (its
+    ``chunk``: the remainder on the first processes)."""
+    base, extra = divmod(n, size)
+    return [base + (r < extra) for r in range(size)]
+
+
+def _boxes(shape, split, lengths):
+    """Per process: its box of a HeAT array split on ``split`` with ``lengths``."""
+    if split is None:
+        return [tuple((0, n) for n in shape)] * len(lengths)
+    out, at = [], 0
+    for k in lengths:
+        out.append(tuple((at, at + k) if d == split else (0, n) for d, n in enumerate(shape)))
+        at += k
+    return out
+
+
+_DND_CACHE = {}         # (shape, dtype, split lengths, axis, W) -> Exchange
+
+
+def _resplit_dndarray(x, axis, workspace_bytes=None):
+    """``heat.resplit`` of a ``heat.DNDarray``, moved by one mpiredist exchange
+    from HeAT's own distribution (``lshape_map``, which need not be balanced)
+    to HeAT's balanced one on ``axis``: memory max(S, T) + W per process,
+    where HeAT's own needs twice the local data or more."""
+    import heat as ht
+    import numpy as np
+
+    from ..core.backend import as_dtype, backend_of
+    from ..planning.budget import workspace_for
+    from ..planning.pieces import Source, Target
+    from ..runtime.agree import agree, fingerprint
+    from ..runtime.context import Context
+    from ..runtime.exchange import Exchange
+
+    comm = x.comm.handle
+    size = comm.Get_size()
+    shape, split = tuple(x.gshape), x.split
+    axis = None if axis is None else _normalise_split(axis, len(shape))
+    lengths = None if split is None else [int(r[split]) for r in x.lshape_map.tolist()]
+    dtype = as_dtype(x.larray.dtype)
+    key = (shape, dtype.str, split, None if lengths is None else tuple(lengths), axis,
+           workspace_bytes)
+    agree(comm, "heat resplit", None, {"key": fingerprint(key)})
+    ex = _DND_CACHE.get(key)
+    if ex is None:
+        src = _boxes(shape, split, lengths if lengths is not None else [0] * size)
+        dst = _boxes(shape, axis, heat_counts(shape[axis], size) if axis is not None
+                     else [0] * size)
+        sources = [Source(b, 0, b) for b in src]
+        targets = [Target(b, None) for b in dst]
+        most = max([int(np.prod([hi - lo for lo, hi in b])) for b in src + dst] + [0])
+        w = workspace_for(most * dtype.itemsize) if workspace_bytes is None else workspace_bytes
+        from ..runtime.comm import library_comm
+        ex = _DND_CACHE[key] = Exchange(Context(library_comm(comm), dtype), sources, targets, w)
+        while len(_DND_CACHE) > 32:
+            _DND_CACHE.pop(next(iter(_DND_CACHE))).ctx.free()
+    local = x.larray
+    native = np.ascontiguousarray(backend_of(local).native(local.detach()))
+    out = np.empty(ex.target_shape, dtype)
+    ex.run(native, out)
+    tensor = backend_of(local).wrap(out)
+    return ht.DNDarray(tensor, shape, x.dtype, axis, x.device, x.comm, True)
 
 
 def resplit_(array, axis=None):

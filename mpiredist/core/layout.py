@@ -130,6 +130,30 @@ class Layout:
             partial = _names(m.group("partial"), text)
         return cls(dims, partial, op)
 
+    @staticmethod
+    def from_placements(placements, mesh_dim_names, ndim):
+        """The layout of PyTorch DTensor ``placements`` (``Shard``, ``Replicate``,
+        ``Partial``) on a mesh with dims ``mesh_dim_names`` (see
+        :mod:`mpiredist.core.peers`)."""
+        from . import peers
+        return peers.from_placements(placements, mesh_dim_names, ndim)
+
+    def to_placements(self, mesh_dim_names):
+        """DTensor placements of this layout, one per mesh dim (needs torch)."""
+        from . import peers
+        return peers.to_placements(self, mesh_dim_names)
+
+    @staticmethod
+    def from_partition_spec(spec, ndim=None):
+        """The layout of a JAX ``PartitionSpec`` (see :mod:`mpiredist.core.peers`)."""
+        from . import peers
+        return peers.from_partition_spec(spec, ndim)
+
+    def to_partition_spec(self):
+        """A ``jax.sharding.PartitionSpec`` of this layout (needs JAX)."""
+        from . import peers
+        return peers.to_partition_spec(self)
+
     @classmethod
     def replicated(cls, ndim):
         """The fully replicated layout of an ``ndim``-dimensional array."""

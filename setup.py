@@ -55,6 +55,7 @@ setup(
         "cupy": ["cupy-cuda12x"],
         "torch": ["torch", "ml_dtypes"],    # CPU build: pip install torch==2.13.0+cpu
         "jax": ["jax", "ml_dtypes"],
+        "heat": ["heat", "scipy"],          # on a CPU torch: pip install --no-deps heat
         "bench": ["matplotlib", MPI4PY, *DISPLAY],
     },
     classifiers=[

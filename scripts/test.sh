@@ -10,9 +10,11 @@
 #            limit at 3, large at 2
 #   both     the soak (python -m mpiredist.bench.soak): 300 random
 #            redistributions at 5 and at 7 ranks
-#   arrays   torch==2.13.0+cpu, ml_dtypes and JAX into .venv: tests/mpi/test_torch.py
-#            and test_jax.py at 2 and 3 ranks under PyPI MPICH (the fake-device
-#            tests, test_device.py, run in every stage), and
+#   arrays   torch==2.13.0+cpu, ml_dtypes, JAX and HeAT (--no-deps, with the
+#            torchvision stub of tests/stubs) into .venv: tests/mpi/test_torch.py,
+#            test_jax.py, test_dtensor.py, test_heat_dndarray.py and
+#            test_bench_peers.py at 2, 3, 4 and 8 ranks under PyPI MPICH (the
+#            fake-device tests, test_device.py, run in every stage), and
 #            scripts/gpu_check.sh --fake at 2
 #   system   Debian's MPICH (apt-get install mpich libmpich-dev) with the
 #            mpi4py wheel (.venv-sysmpich): tests/mpi at 2 ranks
@@ -41,7 +43,7 @@
 # MPIREDIST_CLUSTER_STAGE_TIMEOUT (default 900), MPIREDIST_SOAK_RANKS (the
 # soak's rank counts under PyPI MPICH and Open MPI, default "5 7"; empty skips
 # it), MPIREDIST_SOAK_CASES (default 300), MPIREDIST_SOAK_SEED (default 1),
-# MPIREDIST_ARRAY_RANKS (the torch/JAX stages, default "2 3"; empty skips them
+# MPIREDIST_ARRAY_RANKS (the torch/JAX/HeAT stages, default "2 3 4 8"; empty skips them
 # and their install), MPIREDIST_TORCH_VERSION (default 2.13.0+cpu),
 # MPIREDIST_MPI_TIMEOUT (seconds per stage, default
 # 300), MPIREDIST_LARGE_TIMEOUT (default 900), MPIREDIST_HANG_DUMP (seconds
@@ -271,21 +273,24 @@ SOAK_SEED="${MPIREDIST_SOAK_SEED:-1}"
 # of their own (the full-suite stages leave them out, so that no other stage
 # imports torch); the fake-device tests (test_device.py) run in every stage,
 # and scripts/gpu_check.sh --fake keeps the device check working on a CPU.
-ARRAY_RANKS="${MPIREDIST_ARRAY_RANKS-2 3}"
-ARRAY_TESTS=(tests/mpi/test_torch.py tests/mpi/test_jax.py)
+ARRAY_RANKS="${MPIREDIST_ARRAY_RANKS-2 3 4 8}"
+ARRAY_TESTS=(tests/mpi/test_torch.py tests/mpi/test_jax.py tests/mpi/test_dtensor.py
+             tests/mpi/test_heat_dndarray.py tests/mpi/test_bench_peers.py)
 array_stages() {
     local t rc=0 n
-    header "arrays set-up: pip install torch==$TORCH_VERSION ml_dtypes jax"
+    header "arrays set-up: pip install torch==$TORCH_VERSION ml_dtypes jax; heat --no-deps scipy"
     t="$(now)"
     if [ "${MPIREDIST_SKIP_INSTALL:-0}" != 1 ]; then
-        python -m pip install -q "torch==$TORCH_VERSION" ml_dtypes jax || rc=$?
+        python -m pip install -q "torch==$TORCH_VERSION" ml_dtypes jax scipy || rc=$?
+        # HeAT pins a torch it cannot have with the CPU build: without its deps
+        python -m pip install -q --no-deps heat || rc=$?
     fi
-    python -c 'import torch, ml_dtypes, jax' || rc=$?
+    PYTHONPATH="$PWD/tests/stubs" python -c 'import torch, ml_dtypes, jax, heat' || rc=$?
     finish "arrays set-up" "$rc" "$t" "rc"
     [ "$rc" = 0 ] || return 0
     for n in $ARRAY_RANKS; do
-        mpi_stage "mpich np=$n torch+jax" "$n" "$MPI_TIMEOUT" "JAX_PLATFORMS=cpu" \
-            "${ARRAY_TESTS[@]}" "$@"
+        mpi_stage "mpich np=$n torch+jax+heat" "$n" "$MPI_TIMEOUT" \
+            "JAX_PLATFORMS=cpu PYTHONPATH=$PWD/tests/stubs" "${ARRAY_TESTS[@]}" "$@"
     done
     header "gpu check on a CPU: bash scripts/gpu_check.sh --fake (2 ranks)"
     t="$(now)"
@@ -296,7 +301,8 @@ array_stages() {
     finish "gpu check (fake)" "$rc" "$t" "rc"
 }
 TORCH_VERSION="${MPIREDIST_TORCH_VERSION:-2.13.0+cpu}"
-NO_ARRAYS=(--ignore=tests/mpi/test_torch.py --ignore=tests/mpi/test_jax.py)
+NO_ARRAYS=()
+for f in "${ARRAY_TESTS[@]}"; do NO_ARRAYS+=("--ignore=$f"); done
 
 if has_mpi mpich && [ "$MPICH_OK" = 1 ]; then
     MPI_RUN_ENV=(); MPI_LAUNCH=("$MPIEXEC")

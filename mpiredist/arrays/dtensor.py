@@ -27,9 +27,10 @@ import numpy as np
 
 from ..core.backend import as_dtype, backend_of
 from ..core.errors import MpiredistError, ShapeError
+from ..core.layout import REDUCE_OPS
 from ..core.peers import dtensor_boxes, placement_kinds
 from ..planning.budget import workspace_for
-from ..planning.pieces import REDUCERS, Source, Target
+from ..planning.pieces import Source, Target
 from ..runtime.agree import agree, fingerprint
 from ..runtime.comm import library_comm, mpi
 from ..runtime.context import Context
@@ -113,6 +114,9 @@ def redistribute(dtensor, placements, device_mesh=None, workspace_bytes=None):
                              "dims")
         dst_key = placement_kinds(placements)
         ops = {v for k, v in src_key if k == "partial"}
+        if not ops <= set(REDUCE_OPS):
+            raise ShapeError(f"Partial({sorted(ops)}): mpiredist combines partial sums with "
+                             f"{REDUCE_OPS} (an average is a sum divided afterwards)")
         keep = any(k == "partial" for k, _ in dst_key)
         if keep and (dst_key != src_key or dst_info != src_info):
             raise ShapeError("a target with Partial placements must keep the source's "
@@ -155,7 +159,7 @@ def _exchange(key, comm, shape, dtype, src_info, src_key, dst_info, dst_key, kee
         w = workspace_for(most * dtype.itemsize) if workspace is None else int(workspace)
         ctx = Context(library_comm(comm), dtype)
         op = ops.pop() if ops else "sum"
-        found = Exchange(ctx, sources, targets, w, op if op in REDUCERS else "sum")
+        found = Exchange(ctx, sources, targets, w, op)
     _CACHE[key] = found
     while len(_CACHE) > _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE))).ctx.free()

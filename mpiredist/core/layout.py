@@ -136,7 +136,11 @@ class Layout:
         ``Partial``) on a mesh with dims ``mesh_dim_names`` (see
         :mod:`mpiredist.core.peers`)."""
         from . import peers
-        return peers.from_placements(placements, mesh_dim_names, ndim)
+        dims, partial, op = peers.from_placements(placements, mesh_dim_names, ndim)
+        if op not in REDUCE_OPS:
+            raise LayoutError(f"placements {list(placements)}: partial op {op!r} is not one "
+                              f"of {REDUCE_OPS} (an average is a sum divided afterwards)")
+        return Layout(dims, partial, op)
 
     def to_placements(self, mesh_dim_names):
         """DTensor placements of this layout, one per mesh dim (needs torch)."""
@@ -147,7 +151,7 @@ class Layout:
     def from_partition_spec(spec, ndim=None):
         """The layout of a JAX ``PartitionSpec`` (see :mod:`mpiredist.core.peers`)."""
         from . import peers
-        return peers.from_partition_spec(spec, ndim)
+        return Layout(peers.from_partition_spec(spec, ndim))
 
     def to_partition_spec(self):
         """A ``jax.sharding.PartitionSpec`` of this layout (needs JAX)."""

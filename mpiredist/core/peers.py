@@ -22,7 +22,6 @@ objects; reading them needs neither.
 """
 
 from .errors import LayoutError
-from .layout import REDUCE_OPS, Layout
 
 __all__ = ["from_placements", "to_placements", "from_partition_spec", "to_partition_spec",
            "dtensor_boxes", "placement_kinds", "shard_interval"]
@@ -41,11 +40,7 @@ def _kind(placement):
     if name == "Replicate":
         return "replicate", None
     if name in ("Partial", "_Partial"):
-        op = str(getattr(placement, "reduce_op", "sum"))
-        if op not in REDUCE_OPS:
-            raise LayoutError(f"{placement!r}: partial op {op!r} is not one of {REDUCE_OPS} "
-                              "(an average is a sum divided afterwards)")
-        return "partial", op
+        return "partial", str(getattr(placement, "reduce_op", "sum"))
     raise LayoutError(f"{placement!r} is not a DTensor placement (Shard, Replicate, Partial)")
 
 
@@ -56,8 +51,10 @@ def placement_kinds(placements):
 
 
 def from_placements(placements, mesh_dim_names, ndim):
-    """The :class:`Layout` of DTensor ``placements`` on a mesh whose dims are
-    named ``mesh_dim_names``, for a tensor of ``ndim`` dims."""
+    """``(dims, partial, op)`` of DTensor ``placements`` on a mesh whose dims are
+    named ``mesh_dim_names``, for a tensor of ``ndim`` dims (what
+    :meth:`Layout.from_placements <mpiredist.Layout.from_placements>` makes a
+    layout of, checking the op)."""
     placements, names = list(placements), list(mesh_dim_names)
     if len(placements) != len(names):
         raise LayoutError(f"{len(placements)} placements for a mesh of {len(names)} dims "
@@ -77,18 +74,17 @@ def from_placements(placements, mesh_dim_names, ndim):
             ops.add(value)
     if len(ops) > 1:
         raise LayoutError(f"placements {placements}: partial sums of different ops {ops}")
-    return Layout(dims, partial, ops.pop() if ops else "sum")
+    return dims, partial, ops.pop() if ops else "sum"
 
 
 def to_placements(layout, mesh_dim_names):
-    """DTensor placements (a list, one per mesh dim) of ``layout``.
+    """DTensor placements (a list, one per mesh dim) of ``layout`` (a Layout).
 
     LayoutError where DTensor cannot say it: a dim sharded by mesh dims in
     another order than the mesh's (that is a ``_StridedShard``), a sub-axis,
     an axis that is not a mesh dim.
     """
     from torch.distributed.tensor import Partial, Replicate, Shard
-    layout = Layout.parse(layout)
     names = list(mesh_dim_names)
     unknown = [a for a in layout.axes_used() if a not in names]
     if unknown:
@@ -110,7 +106,7 @@ def to_placements(layout, mesh_dim_names):
 
 
 def from_partition_spec(spec, ndim=None):
-    """The :class:`Layout` of a JAX ``PartitionSpec`` (or a tuple of its entries:
+    """The layout dims of a JAX ``PartitionSpec`` (or a tuple of its entries:
     None, an axis name, or a tuple of names), padded with replicated dims to
     ``ndim`` if given."""
     entries = list(spec)
@@ -130,13 +126,12 @@ def from_partition_spec(spec, ndim=None):
             raise LayoutError(f"PartitionSpec {tuple(entries)} has {len(dims)} entries for "
                               f"{ndim} dims")
         dims += [()] * (ndim - len(dims))
-    return Layout(dims)
+    return dims
 
 
 def to_partition_spec(layout):
-    """A ``jax.sharding.PartitionSpec`` of ``layout`` (no partial sums)."""
+    """A ``jax.sharding.PartitionSpec`` of ``layout`` (a Layout; no partial sums)."""
     from jax.sharding import PartitionSpec
-    layout = Layout.parse(layout)
     if layout.partial:
         raise LayoutError(f"layout {layout} holds partial sums; a PartitionSpec cannot say so")
     return PartitionSpec(*[None if not axes else axes[0] if len(axes) == 1 else tuple(axes)

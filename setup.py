@@ -50,7 +50,7 @@ setup(
         "mpi": [MPI4PY],
         "mpich": [MPI4PY, "mpich"],  # PyPI MPICH, for laptops and CI
         "test": ["pytest", "pytest-mpi", "hypothesis", MPI4PY, "h5py", "matplotlib",
-                 "import-linter>=2.12", *DISPLAY],
+                 "import-linter>=2.12", "ml_dtypes", *DISPLAY],
         "hdf5": ["h5py"],
         "cupy": ["cupy-cuda12x"],
         "torch": ["torch", "ml_dtypes"],    # CPU build: pip install torch==2.13.0+cpu

@@ -196,6 +196,11 @@ class TransferGroup:
         return self._workspace
 
     @property
+    def buckets(self):
+        """The number of buckets: one ``Alltoallv`` each per run."""
+        return len(self._buckets)
+
+    @property
     def source_shapes(self):
         """This rank's source block shape per item (None outside the source mesh)."""
         return self._form([i.source_shape for i in self._items])

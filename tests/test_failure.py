@@ -38,6 +38,46 @@ pytestmark = pytest.mark.skipif(LAUNCHER is None,
                                 reason="no mpiexec next to this Python or on PATH")
 
 
+SHM = Path("/dev/shm")
+
+
+def _segments():
+    return set(SHM.glob("mpich_shm_*")) if SHM.is_dir() else set()
+
+
+def _mapped():
+    """Paths of /dev/shm that some process has mapped."""
+    found = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            found.update(line.split()[-1] for line in maps.read_text().splitlines()
+                         if "/dev/shm/" in line)
+        except OSError:
+            continue
+    return found
+
+
+def _remove_leaked(before):
+    """Unlink the MPICH shared-memory segments an aborted job left behind.
+
+    MPICH names them after the job (under Slurm, after the job id, which a
+    fresh slurmctld counts from 1 again): a segment left by a killed job
+    would be opened by a later job of the same id and break its MPI_Init
+    ("Message truncated").  Only segments made during the job and mapped by
+    no process are removed.
+    """
+    new = _segments() - before
+    for _ in range(30):                 # the killed ranks may still be exiting
+        if not new:
+            return
+        mapped = _mapped()
+        for path in list(new):
+            if str(path) not in mapped:
+                path.unlink(missing_ok=True)
+                new.discard(path)
+        time.sleep(0.1)
+
+
 def _job(mode, python_args=(), **env):
     """``(seconds, status, output)`` of the probe in a fresh 4-rank job."""
     environ = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -46,10 +86,14 @@ def _job(mode, python_args=(), **env):
     if (os.cpu_count() or 1) < 4:
         environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
     count = ["-n", "4"] if "srun" not in Path(LAUNCHER[0]).name else ["--ntasks=4"]
+    before = _segments()
     t0 = time.monotonic()
-    done = subprocess.run([*LAUNCHER, *count, sys.executable, *python_args, PROBE, mode],
-                          capture_output=True, text=True, env=environ, cwd=ROOT,
-                          timeout=LIMIT + 60)
+    try:
+        done = subprocess.run([*LAUNCHER, *count, sys.executable, *python_args, PROBE, mode],
+                              capture_output=True, text=True, env=environ, cwd=ROOT,
+                              timeout=LIMIT + 60)
+    finally:
+        _remove_leaked(before)
     return time.monotonic() - t0, done.returncode, done.stdout + done.stderr
 
 

@@ -147,6 +147,18 @@ def topologies(draw, size):
     return mr.Topology(draw(st.lists(st.integers(0, n - 1), min_size=size, max_size=size)))
 
 
+def _across_case(problem, data):
+    """``(topology, src text, dst text, global array, source blocks)`` of a drawn
+    problem on a drawn topology."""
+    mesh, shape, dtype, (src, partial, op), (dst, dst_partial, _) = problem
+    topology = data.draw(topologies(math.prod(s for _, s in mesh)))
+    rng = np.random.default_rng(0)
+    G = global_array(shape, dtype, rng)
+    blocks = source_blocks(G, mesh, src, partial, op, rng)
+    return (topology, layout_text(src, partial, op), layout_text(dst, dst_partial, op), G,
+            blocks)
+
+
 @settings(database=None, deadline=None, max_examples=max(50, EXAMPLES // 20),
           suppress_health_check=[HealthCheck.too_slow])
 @given(problems(), st.data())
@@ -156,12 +168,7 @@ def test_across_node_bytes_bound_and_match_the_simulation(problem, data):
     step but exchanges (whose holders the simulator picks its own way)."""
     from mpiredist.planning.simulate import simulate
     mesh, shape, dtype, (src, partial, op), (dst, dst_partial, _) = problem
-    size = math.prod(s for _, s in mesh)
-    topology = data.draw(topologies(size))
-    src_text, dst_text = layout_text(src, partial, op), layout_text(dst, dst_partial, op)
-    rng = np.random.default_rng(0)
-    G = global_array(shape, dtype, rng)
-    blocks = source_blocks(G, mesh, src, partial, op, rng)
+    topology, src_text, dst_text, G, blocks = _across_case(problem, data)
     for strategy in STRATEGIES:
         p = mr.plan(shape, dtype, dict(mesh), src_text, dst_text, strategy=strategy,
                     topology=topology)
@@ -193,12 +200,7 @@ def test_plans_priced_by_where_bytes_go_are_exact_and_within_the_bound(problem, 
     slow = dataclasses.replace(profiles.DEFAULT, beta_across=tuple(
         (op, 1, profiles.BETA / 20) for op in profiles.OPS))
     mesh, shape, dtype, (src, partial, op), (dst, dst_partial, _) = problem
-    size = math.prod(s for _, s in mesh)
-    topology = data.draw(topologies(size))
-    src_text, dst_text = layout_text(src, partial, op), layout_text(dst, dst_partial, op)
-    rng = np.random.default_rng(0)
-    G = global_array(shape, dtype, rng)
-    blocks = source_blocks(G, mesh, src, partial, op, rng)
+    topology, src_text, dst_text, G, blocks = _across_case(problem, data)
     p = mr.plan(shape, dtype, dict(mesh), src_text, dst_text, topology=topology, profile=slow)
     plain = mr.plan(shape, dtype, dict(mesh), src_text, dst_text, topology=topology)
     where = f"{dict(mesh)} {topology!r} {shape} {src_text} -> {dst_text}\n{p.explain()}"

@@ -29,8 +29,7 @@ from ..core.backend import as_dtype, backend_of
 from ..core.errors import MpiredistError, ShapeError
 from ..core.layout import REDUCE_OPS
 from ..core.peers import dtensor_boxes, placement_kinds
-from ..planning.budget import workspace_for
-from ..planning.pieces import Source, Target
+from ..planning.pieces import Source, Target, exchange_workspace
 from ..runtime.agree import agree, fingerprint
 from ..runtime.comm import library_comm, mpi
 from ..runtime.context import Context
@@ -155,8 +154,8 @@ def _exchange(key, comm, shape, dtype, src_info, src_key, dst_info, dst_key, kee
         size = comm.Get_size()
         sources = _entries(shape, src_info, src_key, size, False, keep)
         targets = _entries(shape, dst_info, dst_key, size, True, keep)
-        most = max([_volume(x.box) for x in sources + targets if x is not None] + [0])
-        w = workspace_for(most * dtype.itemsize) if workspace is None else int(workspace)
+        w = exchange_workspace(sources, targets, dtype.itemsize) if workspace is None \
+            else int(workspace)
         ctx = Context(library_comm(comm), dtype)
         op = ops.pop() if ops else "sum"
         found = Exchange(ctx, sources, targets, w, op)
@@ -164,7 +163,3 @@ def _exchange(key, comm, shape, dtype, src_info, src_key, dst_info, dst_key, kee
     while len(_CACHE) > _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE))).ctx.free()
     return found
-
-
-def _volume(box):
-    return int(np.prod([hi - lo for lo, hi in box])) if box else 1

@@ -199,8 +199,7 @@ def _resplit_dndarray(x, axis, workspace_bytes=None):
     import numpy as np
 
     from ..core.backend import as_dtype, backend_of
-    from ..planning.budget import workspace_for
-    from ..planning.pieces import Source, Target
+    from ..planning.pieces import Source, Target, exchange_workspace
     from ..runtime.agree import agree, fingerprint
     from ..runtime.context import Context
     from ..runtime.exchange import Exchange
@@ -221,8 +220,8 @@ def _resplit_dndarray(x, axis, workspace_bytes=None):
                      else [0] * size)
         sources = [Source(b, 0, b) for b in src]
         targets = [Target(b, None) for b in dst]
-        most = max([int(np.prod([hi - lo for lo, hi in b])) for b in src + dst] + [0])
-        w = workspace_for(most * dtype.itemsize) if workspace_bytes is None else workspace_bytes
+        w = exchange_workspace(sources, targets, dtype.itemsize) if workspace_bytes is None \
+            else workspace_bytes
         from ..runtime.comm import library_comm
         ex = _DND_CACHE[key] = Exchange(Context(library_comm(comm), dtype), sources, targets, w)
         while len(_DND_CACHE) > 32:

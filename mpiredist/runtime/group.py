@@ -32,6 +32,7 @@ import math
 
 import numpy as np
 
+from ..core.blocks import box_size
 from ..core.errors import MpiredistError, PlanError, ShapeError
 from ..core.mesh import Mesh
 from ..planning import planner
@@ -445,7 +446,7 @@ def _parse(name, spec, mesh, target):
 
 
 def _size(entry):
-    return 0 if entry is None else math.prod(b - a for a, b in entry.box)
+    return 0 if entry is None else box_size(entry.box)
 
 
 def _pack_need(sources, targets):
@@ -458,7 +459,7 @@ def _pack_need(sources, targets):
     for q in range(len(targets)):
         for x in recv_pieces(q, sources, targets, holders):
             if x.peer != q:
-                n = math.prod(b - a for a, b in x.box)
+                n = box_size(x.box)
                 received[q] += n
                 sent[x.peer] += n
     return int((sent + received).max(initial=0))

@@ -77,27 +77,28 @@ def test_main_replays_one_case(comm, capsys):
     all_ok(comm, printed, f"rank {comm.rank} printed {out!r}")
 
 
-@pytest.mark.mpi
-def test_a_wrong_result_is_caught(comm, comms):
-    case = _first(comm, lambda c: _moves(c) and not Layout.parse(c.dst).partial)
-    summary = soak.soak(comm, SEED, [case.index], tamper=_perturb, comms=comms)
-    failures = _agreed(comm, summary)
-    all_ok(comm, [f[0] for f in failures] == [case.index], f"not reported: {failures}")
-    all_ok(comm, any("elements differ" in p for f in failures for found in f[2].values()
-                     for p in found), f"no rank named the wrong elements: {failures}")
+def _plain(c):
+    return _moves(c) and not Layout.parse(c.dst).partial
 
 
-@pytest.mark.mpi
-def test_a_wrong_partial_target_is_caught(comm, comms):
+def _kept_partial(c):
     # a target that keeps partial axes is checked by reducing each group's blocks;
     # every rank adds 1 to an element: sum, max and min then change (bool or prod may not)
-    case = _first(comm, lambda c: _moves(c) and Layout.parse(c.dst).partial
-                  and Layout.parse(c.dst).op != "prod" and c.dtype != "bool")
+    return (_moves(c) and Layout.parse(c.dst).partial and Layout.parse(c.dst).op != "prod"
+            and c.dtype != "bool")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("pick, named", [(_plain, "elements differ"),
+                                         (_kept_partial, "target reduced over")],
+                         ids=["plain", "partial-target"])
+def test_a_wrong_result_is_caught(comm, comms, pick, named):
+    case = _first(comm, pick)
     summary = soak.soak(comm, SEED, [case.index], tamper=_perturb, comms=comms)
     failures = _agreed(comm, summary)
     all_ok(comm, [f[0] for f in failures] == [case.index], f"not reported: {failures}")
-    all_ok(comm, any("target reduced over" in p for f in failures for found in f[2].values()
-                     for p in found), f"no rank named the reduced target: {failures}")
+    all_ok(comm, any(named in p for f in failures for found in f[2].values() for p in found),
+           f"no rank said {named!r}: {failures}")
 
 
 @pytest.mark.mpi

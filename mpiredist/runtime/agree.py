@@ -3,8 +3,10 @@
 Each rank validates its own inputs and turns a problem into an exception
 object instead of raising it.  :func:`agree` then runs one small Allreduce
 of a fixed size on every call site (an error flag, a fingerprint of the
-values that must be equal, and up to :data:`FLAGS` booleans whose AND over
-ranks decides a path every rank must take alike, such as a donation).
+call, one of the values that must be equal, and up to :data:`FLAGS`
+booleans whose AND over ranks decides a path every rank must take alike,
+such as a donation).  A rank that cannot know the values yet (it holds no
+block) says so and is left out of their comparison.
 Only when some rank has a problem does a second exchange find which rank
 and why.  Every rank raises or none does, and the message is the same on
 every rank: that of the first rank at fault, naming it once
@@ -34,6 +36,9 @@ __all__ = ["agree", "check_together", "fingerprint", "FLAGS"]
 
 # The booleans one agreement carries at most (all agreements have one size).
 FLAGS = 4
+# What a rank that does not know the values sends for their fingerprint
+# (below every fingerprint and its negation: MAX over ranks ignores it).
+_NEUTRAL = -(1 << 62)
 
 
 def fingerprint(*values):
@@ -42,7 +47,7 @@ def fingerprint(*values):
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-def agree(comm, what, error=None, same=None, every=None):
+def agree(comm, what, error=None, same=None, every=None, knows=True):
     """One small collective: raise on every rank together, or return the AND of ``every``.
 
     Parameters
@@ -59,6 +64,11 @@ def agree(comm, what, error=None, same=None, every=None):
         raises :class:`~mpiredist.MismatchError` naming the first that differs.
     every : dict of bool, optional
         At most :data:`FLAGS` facts; comes back as ``{key: true on every rank}``.
+    knows : bool
+        False on a rank that cannot say ``same`` yet (it holds no block and
+        learns the values from the others afterwards): its ``same`` is not
+        compared, the others' must still be equal among themselves.  The
+        caller learns whether every rank knew by an ``every`` flag of its own.
 
     Returns
     -------
@@ -72,15 +82,18 @@ def agree(comm, what, error=None, same=None, every=None):
         if error is not None:
             raise error
         return every
-    h = int(fingerprint(what, *sorted(mine.items())), 16) >> 2
+    h = int(fingerprint(what), 16) >> 2
+    v = int(fingerprint(what, *sorted(mine.items())), 16) >> 2 if knows else _NEUTRAL
     flags = [not f for f in every.values()] + [False] * (FLAGS - len(every))
-    values = np.array([error is not None, h, -h, *flags], dtype=np.int64)
+    values = np.array([error is not None, h, -h, v, -v if knows else _NEUTRAL, *flags],
+                      dtype=np.int64)
     MPI = mpi()
     comm.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
-    if values[0] == 0 and values[1] == -values[2]:
-        return {k: not bool(f) for k, f in zip(every, values[3:])}
+    if values[0] == 0 and values[1] == -values[2] and values[3] == -values[4] \
+            or values[0] == 0 and values[1] == -values[2] and values[3] == values[4] == _NEUTRAL:
+        return {k: not bool(f) for k, f in zip(every, values[5:])}
     text = None if error is None else (type(error).__name__, str(error))
-    gathered = comm.allgather((text, what, mine))      # slow path: find the culprit
+    gathered = comm.allgather((text, what, mine if knows else None))   # find the culprit
     _raise(gathered, error, what, comm.Get_rank())
     raise AssertionError("unreachable: ranks disagreed but nothing was raised")
 
@@ -110,13 +123,16 @@ def _raise(gathered, error, what, rank):
         if rank == first:
             raise _again(error, message) from error
         raise remote(name, message, first) from error
-    what, ref = gathered[0][1], gathered[0][2]         # rank 0's words on every rank
-    common = [k for k in ref if all(k in vals for _, _, vals in gathered)]
-    for key in common + [k for k in ref if k not in common]:
-        for r, (_, _, vals) in enumerate(gathered):
-            if vals.get(key) != ref.get(key):
-                raise MismatchError(f"{what}: ranks disagree on {key}: rank 0 has "
-                                    f"{ref.get(key)}, rank {r} has {vals.get(key)}")
+    knowing = [(r, vals) for r, (_, _, vals) in enumerate(gathered) if vals is not None]
+    if knowing:                        # the first rank that knows: its words on every rank
+        first, ref = knowing[0]
+        common = [k for k in ref if all(k in vals for _, vals in knowing)]
+        for key in common + [k for k in ref if k not in common]:
+            for r, vals in knowing:
+                if vals.get(key) != ref.get(key):
+                    raise MismatchError(f"{gathered[0][1]}: ranks disagree on {key}: rank "
+                                        f"{first} has {ref.get(key)}, rank {r} has "
+                                        f"{vals.get(key)}")
     found = ", ".join(f"rank {r}: {c}" for r, (_, c, _) in enumerate(gathered))
     raise MismatchError(f"{what}: ranks are in different calls ({found})")
 

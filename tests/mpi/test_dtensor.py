@@ -134,3 +134,24 @@ def test_errors_on_every_rank():
     y = distribute_tensor(torch.zeros(2 * P, 2), mesh, [Shard(0)])
     with pytest.raises(mr.ShapeError, match="placements for a mesh"):
         mr.torch.redistribute(y, [Shard(1), Shard(0)])
+
+
+def test_ranks_that_disagree_raise_together():
+    # every rank holds a DTensor (the one-agreement path), but one rank asks for
+    # other placements: every rank raises, naming what differs and where
+    if P < 2:
+        pytest.skip("needs 2 ranks")
+    mesh = DeviceMesh("cpu", torch.arange(P), mesh_dim_names=("x",))
+    x = distribute_tensor(torch.zeros(2 * P, 3), mesh, [Shard(0)])
+    dst = [Shard(0)] if RANK == P - 1 else [Shard(1)]
+    with pytest.raises(mr.MismatchError, match="target placements.*rank 0 has.*rank "
+                       f"{P - 1} has"):
+        mr.torch.redistribute(x, dst)
+    # and where a rank outside the source mesh learns the source (the longer path)
+    inner = DeviceMesh("cpu", torch.arange(P - 1), mesh_dim_names=("x",))
+    y = distribute_tensor(torch.ones(2 * P, 3), inner, [Shard(0)]) if RANK < P - 1 else None
+    with pytest.raises(mr.ShapeError, match="pass device_mesh="):
+        mr.torch.redistribute(y, [Shard(1)])
+    got = mr.torch.redistribute(y, [Shard(1)], device_mesh=mesh)
+    all_ok(COMM, torch.equal(got.to_local(), _oracle(torch.ones(2 * P, 3), mesh, [Shard(1)])),
+           "outside the source mesh")

@@ -13,7 +13,8 @@
 #   arrays   torch==2.13.0+cpu, ml_dtypes, JAX and HeAT (--no-deps, with the
 #            torchvision stub of tests/stubs) into .venv: tests/mpi/test_torch.py,
 #            test_jax.py, test_dtensor.py, test_heat_dndarray.py and
-#            test_bench_peers.py at 2, 3, 4 and 8 ranks under PyPI MPICH (the
+#            test_bench_peers.py, and in a run of its own
+#            test_jax_processes.py, at 2, 3, 4 and 8 ranks under PyPI MPICH (the
 #            fake-device tests, test_device.py, run in every stage), and
 #            scripts/gpu_check.sh --fake at 2
 #   system   Debian's MPICH (apt-get install mpich libmpich-dev) with the
@@ -276,6 +277,9 @@ SOAK_SEED="${MPIREDIST_SOAK_SEED:-1}"
 ARRAY_RANKS="${MPIREDIST_ARRAY_RANKS-2 3 4 8}"
 ARRAY_TESTS=(tests/mpi/test_torch.py tests/mpi/test_jax.py tests/mpi/test_dtensor.py
              tests/mpi/test_heat_dndarray.py tests/mpi/test_bench_peers.py)
+# multi-process JAX (jax.distributed over the MPI ranks) must initialise JAX
+# first in its process: a pytest run of its own beside each array stage
+JAX_PROCESS_TESTS=(tests/mpi/test_jax_processes.py)
 array_stages() {
     local t rc=0 n
     header "arrays set-up: pip install torch==$TORCH_VERSION ml_dtypes jax; heat --no-deps scipy"
@@ -291,6 +295,8 @@ array_stages() {
     for n in $ARRAY_RANKS; do
         mpi_stage "mpich np=$n torch+jax+heat" "$n" "$MPI_TIMEOUT" \
             "JAX_PLATFORMS=cpu PYTHONPATH=$PWD/tests/stubs" "${ARRAY_TESTS[@]}" "$@"
+        mpi_stage "mpich np=$n jax processes" "$n" "$MPI_TIMEOUT" \
+            "JAX_PLATFORMS=cpu" "${JAX_PROCESS_TESTS[@]}" "$@"
     done
     header "gpu check on a CPU: bash scripts/gpu_check.sh --fake (2 ranks)"
     t="$(now)"
@@ -302,7 +308,7 @@ array_stages() {
 }
 TORCH_VERSION="${MPIREDIST_TORCH_VERSION:-2.13.0+cpu}"
 NO_ARRAYS=()
-for f in "${ARRAY_TESTS[@]}"; do NO_ARRAYS+=("--ignore=$f"); done
+for f in "${ARRAY_TESTS[@]}" "${JAX_PROCESS_TESTS[@]}"; do NO_ARRAYS+=("--ignore=$f"); done
 
 if has_mpi mpich && [ "$MPICH_OK" = 1 ]; then
     MPI_RUN_ENV=(); MPI_LAUNCH=("$MPIEXEC")

@@ -50,6 +50,25 @@ class DistArray(DistArrayBase):
         block, shape, _ = read_block(path, dataset, mesh, layout, comm)
         return cls(block, shape, layout, mesh)
 
+    @classmethod
+    def from_jax(cls, array, mesh=None, spec=None):
+        """A DistArray of a global (multi-process) ``jax.Array`` with a
+        ``NamedSharding``, one device per process (collective over COMM_WORLD).
+
+        The block is this process's shard, no copy; ``mesh`` defaults to the
+        JAX mesh's axes with its processes as ranks, ``spec`` to the
+        sharding's.  See :mod:`mpiredist.arrays.jaxarray`.
+        """
+        from .jaxarray import from_jax
+        return from_jax(cls, array, mesh, spec)
+
+    def to_jax(self):
+        """The global ``jax.Array`` of this array, ``NamedSharding`` of its layout
+        (collective over COMM_WORLD; JAX shards evenly only).  See
+        :mod:`mpiredist.arrays.jaxarray`."""
+        from .jaxarray import to_jax
+        return to_jax(self)
+
     def save_hdf5(self, path, dataset, overwrite=False):
         """Write the global array to ``dataset`` of ``path`` (collective).
 

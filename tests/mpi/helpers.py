@@ -9,6 +9,7 @@ order, and either all ranks pass or all ranks fail with the same message.
 import contextlib
 import json
 import os
+import socket
 import tempfile
 
 import numpy
@@ -54,6 +55,17 @@ def all_array_equal(comm, actual, expected, msg=""):
         detail = (f": rank {comm.rank} has shape {actual.shape} dtype {actual.dtype}, "
                   f"expected shape {expected.shape} dtype {expected.dtype}")
     all_ok(comm, ok, (msg or "arrays differ") + detail)
+
+
+def free_port(comm):
+    """A free TCP port of 127.0.0.1 chosen by rank 0, the same on every rank of
+    `comm` (for gloo's and JAX's coordinators)."""
+    port = None
+    if comm.rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    return comm.bcast(port)
 
 
 def need_ranks(comm, n):

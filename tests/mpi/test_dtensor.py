@@ -9,14 +9,12 @@ slicing of the full tensor by DTensor's block rule) everywhere, uneven
 lengths included; between meshes, where DTensor refuses.
 """
 
-import socket
-
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import mpiredist as mr
-from helpers import all_ok
+from helpers import all_ok, free_port
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
@@ -33,12 +31,7 @@ RANK, P = COMM.Get_rank(), COMM.Get_size()
 @pytest.fixture(scope="module", autouse=True)
 def gloo():
     if not dist.is_initialized():
-        port = None
-        if RANK == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = COMM.bcast(port)
+        port = free_port(COMM)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=RANK,
                                 world_size=P)
     yield

@@ -39,9 +39,11 @@ Columns: median milliseconds, ``x group`` (the strategy's time over the
 group's), MPI calls that move data per run on the slowest rank (group:
 ``TransferGroup.calls``; Transfers: their StepRecords; bcast: its calls),
 peak MiB per rank (tracemalloc of one untimed run, max over ranks; the
-result included), the growth of the peak resident set in one more run
-(``RSS MiB``, MPI's buffers included; meaningful with the allocator settings
-of ``mpiredist.bench.memory.RSS_ENVIRONMENT``) and the group's bound
+result included, and what the group keeps between runs, its bucket buffer:
+``TransferGroup.kept_bytes``), the growth of the peak resident set in one
+more run (``RSS MiB``, MPI's buffers included, plus the kept buffer;
+meaningful with the allocator settings of
+``mpiredist.bench.memory.RSS_ENVIRONMENT``) and the group's bound
 sum max(S_i, T_i) + W.  The targets
 of the many-arrays issue are printed with the figures.
 """
@@ -156,20 +158,21 @@ def main(argv=None):
                      (got[n] is not None and np.array_equal(got[n], want[n])) for n in items)
             return comm.allreduce(int(ok), op=MPI.MIN) == 1
 
-        def record(strategy, fn, calls_of, peak_fn=None):
+        def record(strategy, fn, calls_of, kept=lambda: 0):
             got = fn()                                          # warm-up, checked
             ok = check(got) if got is not None else True
             seconds = slowest_median(comm, fn, args.repeats)
+            # what a strategy keeps between runs (made in the warm-up) counts too
             with traced_peak() as e:
                 fn()
-            peak = comm.allreduce(e.bytes, op=MPI.MAX)
+            peak = comm.allreduce(e.bytes + kept(), op=MPI.MAX)
             calls = comm.allreduce(calls_of(), op=MPI.MAX)
             rss = None
             if rss_supported():
                 comm.Barrier()
                 with rss_peak() as r:
                     fn()
-                rss = comm.allreduce(r.bytes, op=MPI.MAX)
+                rss = comm.allreduce(r.bytes + kept(), op=MPI.MAX)
             results[strategy] = dict(ms=seconds * 1e3, calls=calls, peak=peak, rss=rss, ok=ok)
 
         if "group" in strategies:
@@ -179,7 +182,7 @@ def main(argv=None):
             def run_group():
                 before[0] = g.calls
                 return g.run(blocks)
-            record("group", run_group, lambda: g.calls - before[0])
+            record("group", run_group, lambda: g.calls - before[0], lambda: g.kept_bytes)
             bound = comm.allreduce(g.bound, op=MPI.MAX)
             buckets = len(g._buckets)
         for strategy, checked in (("loop", True), ("unchecked", False)):

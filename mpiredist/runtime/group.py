@@ -19,9 +19,10 @@ that fit one bucket makes one collective, as one item does.  Items of the
 same shape, dtype and layouts share their pieces (computed once).
 
 Memory (this rank): the target blocks it allocates (sum of T_i), plus the
-bucket's send and receive buffers (at most the pack room, W), plus the
-Python objects of the pieces; the sources are read in place.  That is
-within the bound sum_i max(S_i, T_i) + W, which the tests measure.
+buckets' send and receive buffer (one, at most the pack room, within W;
+kept between runs, as a Transfer keeps its buffers, until :meth:`free`),
+plus the Python objects of the pieces; the sources are read in place.
+That is within the bound sum_i max(S_i, T_i) + W, which the tests measure.
 
 Partial sums combine on the receiving rank in a fixed order: the first
 class of a box is copied, the others are added in the order (class, peer
@@ -147,7 +148,8 @@ class TransferGroup:
             self._items.append(_Item(name, shape, dtype, src, dst, exchanges[key],
                                      shapes[key][2]))
         self._buckets, self._alone = self._schedule()
-        self._layouts = {}      # bucket -> its messages, made on the first run
+        self._layouts = []      # per bucket: its messages, made on the first run
+        self._buffer = None     # the buckets' send and receive bytes, kept between runs
         self._identity = dict(group=fingerprint(mesh, target, self._workspace,
                                                 *[(i.name, i.shape, i.dtype, i.src, i.dst)
                                                   for i in self._items]))
@@ -195,6 +197,12 @@ class TransferGroup:
     @property
     def workspace_bytes(self):
         return self._workspace
+
+    @property
+    def kept_bytes(self):
+        """Bytes this rank keeps between runs: the bucket buffer (within W), made
+        on the first run, released by :meth:`free`."""
+        return 0 if self._buffer is None else self._buffer.nbytes
 
     @property
     def buckets(self):
@@ -245,9 +253,11 @@ class TransferGroup:
         return "\n".join(lines)
 
     def free(self):
-        """Release the group's datatypes (local, no communication)."""
+        """Release the group's datatypes and its bucket buffer (local, no
+        communication)."""
         if not self._freed:
             self._freed = True
+            self._buffer = None
             for ctx in self._contexts.values():
                 ctx.free()
 
@@ -395,12 +405,15 @@ class TransferGroup:
 
     def _bucket(self, b, natives, targets):
         """Every piece of bucket ``b``'s items in one ``Alltoallv`` of bytes."""
-        if b not in self._layouts:
-            self._layouts[b] = self._layout(self._buckets[b])
+        if not self._layouts:
+            self._layouts = [self._layout(ks) for ks in self._buckets]
         packs, applies, (send_counts, send_at, recv_counts, recv_at, split, size) = \
             self._layouts[b]
-        buffer = np.empty(size, np.uint8)
-        out, back = buffer[:split], buffer[split:]
+        if self._buffer is None:
+            # one buffer for every bucket, kept between runs (at most the pack
+            # room, within W): a fresh one faulted its pages in on every run
+            self._buffer = np.empty(max(x[2][5] for x in self._layouts), np.uint8)
+        out, back = self._buffer[:split], self._buffer[split:size]
         for k, index, at, dtype, shape in packs:
             slot = out[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
             slot[...] = natives[k][index]

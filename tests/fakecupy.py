@@ -12,7 +12,9 @@ what a CUDA-aware MPI does with a device pointer.
 :data:`COUNTS` counts what a real GPU would make expensive: copies to the
 host (``asnumpy``, ``ndarray.get``), copies to the device (``asarray`` of a
 host array, ``ndarray.set``), device allocations (``empty``, ``zeros``,
-``ascontiguousarray`` that copies) and stream synchronisations.
+``ascontiguousarray`` that copies; ``alloc_bytes`` their bytes, with those
+of ``asarray`` copies) and stream synchronisations.  Like CuPy, ``get``
+takes a C-contiguous numpy ``out=`` and ``set`` needs a contiguous array.
 
 :class:`CudaObject` is a device array of no known library (as a Numba
 device array is): only ``__cuda_array_interface__``, no buffer protocol.
@@ -41,11 +43,18 @@ class ndarray(np.ndarray):
                 "data": (self.ctypes.data, not self.flags.writeable),
                 "strides": None if self.flags.c_contiguous else self.strides}
 
-    def get(self):
+    def get(self, out=None):
         COUNTS["to_host"] += 1
-        return np.array(self.view(np.ndarray), copy=True)
+        if out is None:
+            return np.array(self.view(np.ndarray), copy=True)
+        if type(out) is not np.ndarray or not out.flags.c_contiguous:
+            raise TypeError("get(out=): a C-contiguous numpy array, as CuPy needs")
+        np.copyto(out, self.view(np.ndarray))
+        return out
 
     def set(self, host):
+        if not self.flags.c_contiguous:
+            raise RuntimeError("Cannot set to non-contiguous array")    # as CuPy
         COUNTS["to_device"] += 1
         np.copyto(self.view(np.ndarray), host)
 
@@ -67,28 +76,33 @@ def asarray(obj, dtype=None):
         raw = (ctypes.c_ubyte * n).from_address(cai["data"][0]) if n else bytearray(0)
         return _device(np.frombuffer(raw, dtype=dt).reshape(cai["shape"]))
     COUNTS["to_device"] += 1
-    return _device(np.array(obj, dtype=dtype, copy=True))
+    made = np.array(obj, dtype=dtype, copy=True)
+    COUNTS["alloc_bytes"] += made.nbytes
+    return _device(made)
 
 
 def asnumpy(a):
     return a.get() if isinstance(a, ndarray) else np.asarray(a)
 
 
-def empty(shape, dtype=float):
+def _made(host):
     COUNTS["alloc"] += 1
-    return _device(np.empty(shape, dtype))
+    COUNTS["alloc_bytes"] += host.nbytes
+    return _device(host)
+
+
+def empty(shape, dtype=float):
+    return _made(np.empty(shape, dtype))
 
 
 def zeros(shape, dtype=float):
-    COUNTS["alloc"] += 1
-    return _device(np.zeros(shape, dtype))
+    return _made(np.zeros(shape, dtype))
 
 
 def ascontiguousarray(a):
     if a.flags.c_contiguous:
         return a
-    COUNTS["alloc"] += 1
-    return _device(np.ascontiguousarray(a))
+    return _made(np.ascontiguousarray(a))
 
 
 def from_dlpack(obj):

@@ -40,7 +40,8 @@ import numpy as np
 from .errors import ShapeError
 
 __all__ = ["Backend", "backend_of", "as_dtype", "dtype_of", "array_module", "is_gpu",
-           "synchronize", "cupy_or_error", "c_contiguous", "KINDS"]
+           "synchronize", "cupy_or_error", "c_contiguous", "copy_into", "on_device_of",
+           "KINDS"]
 
 # every backend name, in the order errors list them
 KINDS = ("numpy", "torch", "cupy", "cuda", "dlpack")
@@ -78,6 +79,35 @@ def synchronize(array):
     """Wait for pending GPU work on ``array`` before MPI reads or writes it."""
     if is_gpu(array):
         cupy_or_error().cuda.get_current_stream().synchronize()
+
+
+def copy_into(dst, src):
+    """``dst[...] = src`` between any two of host and device arrays of one shape:
+    host to host in place, device to host by ``get(out=)`` (a host ``dst``
+    that is C-contiguous, as a ring span is), host to device by ``set`` (a
+    contiguous ``dst``) or through a device copy of ``src``, device to
+    device in place.  Waits for the device (a ring span is reused after)."""
+    to_gpu, from_gpu = is_gpu(dst), is_gpu(src)
+    if not to_gpu and not from_gpu:
+        dst[...] = src
+    elif not to_gpu:
+        src.get(out=dst)
+    elif from_gpu:
+        dst[...] = src
+    elif c_contiguous(dst):
+        dst.set(np.ascontiguousarray(src))
+    else:
+        dst[...] = cupy_or_error().asarray(src)
+    if to_gpu or from_gpu:
+        cupy_or_error().cuda.get_current_stream().synchronize()
+
+
+def on_device_of(like, array):
+    """``array`` where ``like`` is: a host ``array`` copied to the device when
+    ``like`` is a device array (one part, for combining it there)."""
+    if is_gpu(like) and not is_gpu(array):
+        return cupy_or_error().asarray(array)
+    return array
 
 
 # ------------------------------------------------------------------ dtypes

@@ -45,6 +45,7 @@ class Context:
         self.elem = self.MPI.BYTE.Create_contiguous(self.itemsize).Commit()
         self.types = []
         self.pool = None        # buffers kept between runs (a dict), or None
+        self.staged = False     # device arrays, rings on the host (MPI not CUDA-aware)
         self.current = None     # index of the step running
         self.count_limit = count_limit(self.MPI)
         self.reduce_room = 1 << 62  # bytes a reduction call may carry (set from W)
@@ -71,13 +72,14 @@ class Context:
         """A pack buffer of ``count`` elements of ``dtype`` (default the Transfer's):
         new, or a view of the kept one when pooling."""
         dtype = self.dtype if dtype is None else np.dtype(dtype)
+        xp = np if self.staged else self.xp
         if self.pool is None:
-            return self.xp.empty(count, dtype=dtype)
+            return xp.empty(count, dtype=dtype)
         nbytes = count * dtype.itemsize
         found = self.pool.get("scratch")
         if found is None or found.size < nbytes:
             found = self.pool["scratch"] = None
-            found = self.pool["scratch"] = self.xp.empty(nbytes, dtype=np.uint8)
+            found = self.pool["scratch"] = xp.empty(nbytes, dtype=np.uint8)
         return found[:nbytes].view(dtype)
 
     # ---------------------------------------------------------- datatypes

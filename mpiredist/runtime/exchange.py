@@ -78,7 +78,8 @@ def move(ctx, comm, sends, recvs, source, target, limit, room, reducer=None, pai
         recvs = [r for r in recvs if r.own is None]
     send_seq = _Sequence([s for s in sends if s.peer != me], limit, whole)
     recv_seq = _Sequence(recvs, limit, whole)
-    send_room, recv_room = _rooms(room, source, target, send_seq, recv_seq, paired, halves)
+    send_room, recv_room = _rooms(ctx, room, source, target, send_seq, recv_seq, paired,
+                                  halves)
     send_buffer, recv_buffer = _buffers(ctx, dtype, send_room, recv_room)
     if source.base is not None:
         synchronize(source.base)
@@ -167,10 +168,11 @@ class _Sequence:
             live = more
 
 
-def _rooms(room, source, target, sends, recvs, paired=False, halves=False):
+def _rooms(ctx, room, source, target, sends, recvs, paired=False, halves=False):
     """Ring sizes in elements: ``room`` shared by the sides that pack here (or
     half each), each no larger than what its side packs."""
-    need = [_need(seq, region, paired) for seq, region in ((sends, source), (recvs, target))]
+    need = [_need(ctx, seq, region, paired)
+            for seq, region in ((sends, source), (recvs, target))]
     packing = [bool(n) for n in need]
     if not any(packing):
         return 0, 0
@@ -178,29 +180,35 @@ def _rooms(room, source, target, sends, recvs, paired=False, halves=False):
     return tuple(min(share, n) for n in need)
 
 
-def _need(seq, region, paired):
+def _need(ctx, seq, region, paired):
     """Elements of ``seq``'s parts that go through this side's ring (a piece
     that is one run goes straight in every part)."""
     total = 0
     for piece, limit in seq.pieces:
-        if not _packs(region, piece, piece.box, paired):
+        if not _packs(ctx, region, piece, piece.box, paired):
             continue
         if isinstance(piece, Recv) and (piece.combine or paired):
             total += math.prod(piece.box[1])
             continue
         total += sum(math.prod(part[1]) for part in iter_parts(piece.box[1], limit)
-                     if not _is_run(region, _shift(piece.box, part)))
+                     if not _straight(ctx, region, _shift(piece.box, part)))
     return total
 
 
-def _packs(region, piece, box, paired=False):
+def _packs(ctx, region, piece, box, paired=False):
     """True if the part ``box`` of ``piece`` goes through this side's ring."""
     if isinstance(piece, Recv):
         if piece.own is not None:
             return False
         if piece.combine or paired:
             return True
-    return not _is_run(region, box)
+    return not _straight(ctx, region, box)
+
+
+def _straight(ctx, region, box):
+    """True if the part goes to MPI straight from (or into) its array: one run
+    of it, and not a device array staged through host rings."""
+    return not ctx.staged and _is_run(region, box)
 
 
 def _dtype(source, target):
@@ -221,15 +229,16 @@ def _buffers(ctx, dtype, send_room, recv_room):
 
 def _part(ctx, peer, region, box, room):
     """A :class:`p2p.Part` for ``box`` of ``region``: straight bytes, a view to
-    pack through the ring, or a datatype when it does not fit."""
-    if _is_run(region, box):
+    pack through the ring, or a datatype when it does not fit (staged: always
+    the ring, whose parts are cut to fit it)."""
+    if _straight(ctx, region, box):
         rel, shape = box
         size = region.base.dtype.itemsize
         starts = [a + b for a, b in zip(region.starts, rel)]
         offset = flat_offset(region.base.shape, starts) * size
         return p2p.Part(peer, spec=[region.base, (math.prod(shape) * size, offset),
                                     ctx.MPI.BYTE])
-    if math.prod(box[1]) <= room:
+    if math.prod(box[1]) <= room or ctx.staged:
         return p2p.Part(peer, view=region.view()[_index(box)])
     return p2p.Part(peer, spec=[region.base, *ctx.subarray(region, box)])
 
@@ -315,7 +324,9 @@ class Exchange:
         # (its lists, requests and datatypes), and a part each where combining
         # needs the ring
         rings = workspace - min(workspace // 4, MARGIN)
-        self.room = max(rings // ctx.itemsize, 2 * limit if self.combines else 0)
+        # staged through host rings, every part packs: room for a part each way
+        self.room = max(rings // ctx.itemsize,
+                        2 * limit if self.combines or ctx.staged else 0)
         self.bytes_sent = sum(math.prod(s.box[1]) for s in self.sends if s.peer != me) \
             * ctx.itemsize
 

@@ -12,7 +12,9 @@ each one sequence of parts, posted in order as soon as there is room:
 * a part given as an MPI buffer spec (contiguous in its array, or a
   datatype) is posted at its turn and needs no room;
 * a part given as an array view is packed into the send ring, or received
-  into the receive ring and unpacked as soon as it arrives;
+  into the receive ring and unpacked as soon as it arrives (the rings may
+  be host memory and the views device memory: a device run staged through
+  the host, :func:`mpiredist.core.backend.copy_into`);
 * when the next part does not fit its ring, the rank waits for *any* of its
   posted parts to finish (``Testsome`` between yields of the CPU, see
   :meth:`_State.wait_some`), unpacks what arrived, and frees ring space
@@ -33,7 +35,7 @@ has been applied and freed: send i and receive i of a rank share a key).
 import os
 from collections import deque
 
-from ..core.backend import synchronize
+from ..core.backend import copy_into, on_device_of, synchronize
 
 __all__ = ["Ring", "Part", "run"]
 
@@ -187,9 +189,9 @@ class _Recv:
             for view, value in pairs:
                 value = value.reshape(view.shape)
                 if self.part.combine is None:
-                    view[...] = value
+                    copy_into(view, value)          # host or device, either way
                 else:
-                    self.part.combine(view, value)
+                    self.part.combine(view, on_device_of(view, value))
                 synchronize(view)   # a GPU unpack must end before the span is reused
         if self.ring is not None:
             self.ring.done(self.entry)
@@ -285,7 +287,7 @@ class _State:
                 return False
             ring, entry, packed = room
             for view, span in _spans(part.view, packed):
-                span.reshape(view.shape)[...] = view
+                copy_into(span.reshape(view.shape), view)   # a device part into a host ring too
             synchronize(packed)
             token = _Send(ring, entry, released=True)
             self._add(self.comm.Isend(_bytes(self.MPI, packed), part.peer, self.tag), token)

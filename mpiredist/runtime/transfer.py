@@ -33,6 +33,7 @@ Run with 8 ranks (``mpirun -n 8``)::
 """
 
 import enum
+import time
 import warnings
 
 import numpy as np
@@ -270,21 +271,33 @@ class Transfer:
         return aware
 
     def _staged(self, local, out, records, verdict=NOT_DONATED):
-        """A device run on an MPI library that is not CUDA-aware: through host memory.
+        """A device run on an MPI library that is not CUDA-aware: one exchange
+        from the source layout to the target layout (:meth:`_staging`), every
+        part through host rings.
 
-        The block is copied to the host, redistributed there, and the result
-        copied back to the device (into ``out`` when given): host memory S +
-        T + W, device memory the caller's block and the result.
+        Each part is copied from the device into the host send ring, sent,
+        received into the host receive ring and copied (or added) into the
+        device result, in the pipeline of :mod:`mpiredist.runtime.p2p`: the
+        copies of one part overlap the messages of the others.  Host memory:
+        the rings, within W.  Device memory: the block, the result and one
+        part (a copy for a strided view or a partial sum).
         """
-        cupy = cupy_or_error()
-        host = None if local is None else cupy.asnumpy(local)
-        result = self._execute(host, None, _HOST, False, verdict, records)
-        if result is None:
-            return out
-        if out is not None:
-            out.set(result)
-            return out
-        return cupy.asarray(result)
+        ex = self._staging(local)
+        if self._donate:
+            self._warn_donation(verdict.why)
+        t0, calls = time.perf_counter(), ex.ctx.calls
+        result = _run_exchange(self._base, repr(self), ex, local, out, True, self._dtype_of())
+        if records is not None:
+            records.append(steps.StepRecord("exchange", ex.bytes_sent, time.perf_counter() - t0,
+                                            ex.ctx.calls - calls))
+        return result
+
+    def _staging(self, local):
+        """The staged exchange of :meth:`_staged` (made on the first device run)."""
+        raise NotImplementedError
+
+    def _dtype_of(self):
+        raise NotImplementedError
 
     def explain(self):
         """What a run executes: executor, steps, parts, bytes, predicted peak, W."""
@@ -531,11 +544,31 @@ class MeshTransfer(Transfer):
             f"Transfer {self._plan.src} -> {self._plan.dst}: donation not honoured on any "
             f"rank ({reason}); ran as not donated, the block is unchanged"), stacklevel=4)
 
+    def _staging(self, local):
+        found = self._kept.get(Variant.DEVICE, {}).get("staged")
+        if found is None:
+            self._program(Variant.DEVICE, local)    # its BudgetWarning, before data moves
+            plan = self._plan
+            devices, n = Mesh(plan.mesh.axes), plan.mesh.size   # mesh rank = device
+            sources = layout_sources(plan.global_shape, devices, plan.src, n)
+            targets = layout_targets(plan.global_shape, devices, plan.dst, n,
+                                     keep_classes=bool(plan.dst.partial))
+            found = Exchange(_staged_context(self._comm, plan.dtype), sources, targets,
+                             self._workspace, plan.src.op, views=True)
+            self._kept.setdefault(Variant.DEVICE, {})["staged"] = found
+        return found
+
+    def _dtype_of(self):
+        return self._plan.dtype
+
     def _release(self):
         """Datatypes and kept buffers; sub-communicators belong to the mesh's
         communicator and are freed with it."""
         for ctx in self._contexts.values():
             ctx.free()
+        staged = self._kept.get(Variant.DEVICE, {}).get("staged")
+        if staged is not None:
+            staged.ctx.free()
         self._contexts.clear()
         self._kept.clear()
 
@@ -686,6 +719,7 @@ class CrossTransfer(Transfer):
             if workspace is None else workspace
         self._ctx = Context(self._comm, dtype)
         self._exchange = Exchange(self._ctx, sources, targets, self._workspace, src.op)
+        self._pieces, self._staged_exchange = (sources, targets), None
         self.source_shape = self._exchange.source_shape
         self.target_shape = self._exchange.target_shape
         size_of = (lambda shape: 0 if shape is None else int(np.prod(shape)) * dtype.itemsize)
@@ -759,20 +793,47 @@ class CrossTransfer(Transfer):
         return given if given is not None else kind.wrap(result)
 
     def _execute(self, local, out, kind, donate_ok, verdict, records):
-        def run():                          # data moves from here: a failure aborts
-            block, into = local, out
-            if block is not None and not c_contiguous(block):
-                block = array_module(block).ascontiguousarray(block)   # one block more (docs)
-            if into is None and self.target_shape is not None:
-                xp = array_module(block) if block is not None else (
-                    cupy_or_error() if kind.device else np)
-                into = xp.empty(self.target_shape, self._dtype)
-            self._exchange.run(block, into)
-            return into
-        return guard(self._base, repr(self), run)
+        return _run_exchange(self._base, repr(self), self._exchange, local, out, kind.device,
+                             self._dtype)
+
+    def _staging(self, local):
+        if self._staged_exchange is None:
+            sources, targets = self._pieces
+            self._staged_exchange = Exchange(_staged_context(self._comm, self._dtype), sources,
+                                             targets, self._workspace, self._src.op,
+                                             views=True)
+        return self._staged_exchange
+
+    def _dtype_of(self):
+        return self._dtype
 
     def explain(self):
         return self.plan.explain()
 
     def _release(self):
         self._ctx.free()
+        if self._staged_exchange is not None:
+            self._staged_exchange.ctx.free()
+
+
+def _staged_context(comm, dtype):
+    """A context whose exchange stages device parts through host rings."""
+    ctx = Context(comm, dtype)
+    ctx.staged = True
+    return ctx
+
+
+def _run_exchange(base, name, ex, local, out, device, dtype):
+    """Run Exchange ``ex`` from ``local`` into ``out`` (or a new array of its
+    library, on the device for ``device``); a failure aborts the job."""
+    def run():                          # data moves from here: a failure aborts
+        block, into = local, out
+        if block is not None and not c_contiguous(block):
+            block = array_module(block).ascontiguousarray(block)   # one block more (docs)
+        if into is None and ex.target_shape is not None:
+            xp = array_module(block) if block is not None else (
+                cupy_or_error() if device else np)
+            into = xp.empty(ex.target_shape, dtype)
+        ex.run(block, into)
+        return into
+    return guard(base, name, run)

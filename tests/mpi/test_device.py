@@ -73,14 +73,57 @@ def test_redistribute_device_arrays(mode, shape, dtype, src, dst):
     all_ok(COMM, np.array_equal(local.view(np.ndarray), before.view(np.ndarray)),
            "the source is not written")
     counts = dict(fakecupy.COUNTS)
-    if name == "staged":        # one copy each way, no device buffer of the runtime's own
-        ok = counts.get("to_host") == 1 and counts.get("to_device") == 1 \
-            and not counts.get("alloc")
+    moves = src != "[{}]" and P > 1    # a local slice: no buffer, no MPI
+    if name == "staged":        # parts through host rings; on the device the result
+        # (one allocation) and the copy of a part for a strided place in it; every
+        # part is one copy to the host where it leaves, one to the device where it lands
+        up, down = (COMM.allreduce(counts.get(k, 0)) for k in ("to_host", "to_device"))
+        ok = up == down and (up > 0) == moves and counts.get("alloc") == 1 \
+            and counts.get("alloc_bytes") <= 2 * want.nbytes
     else:                       # on the device: no host round trip
-        moves = src != "[{}]" and P > 1    # a local slice: no buffer, no MPI
         ok = not counts.get("to_host") and not counts.get("to_device") \
             and (counts.get("alloc", 0) >= 1 and counts.get("sync", 0) >= 1) == moves
     all_ok(COMM, ok, f"{name}: copies and allocations {counts}")
+
+
+def test_staged_in_parts_within_the_workspace(monkeypatch):
+    """Not CUDA-aware: a block many times W moves in parts through host rings.
+
+    Host memory (traced, less the fake device's own allocations) stays within
+    W; every part is one copy to the host and one to the device; the device
+    holds the block, the result and at most one part more."""
+    if P < 2:
+        pytest.skip("needs 2 ranks")
+    import tracemalloc
+    before = fakecupy.install()
+    monkeypatch.setenv("MPIREDIST_GPU_AWARE", "0")
+    comm = COMM.Dup()
+    try:
+        mesh = mr.Mesh(f"x={P}", comm=comm)
+        shape, src, dst, w = (512 * P, 128), "[{x}, {}]", "[{}, {x}]", 128 << 10
+        G = oracle.global_array(shape, np.dtype("f8"), np.random.default_rng(8))
+        want = oracle.expected(G, [("x", P)], [[], ["x"]], RANK)
+        local = _device_block(G, mesh, src)
+        t = mr.Transfer(shape, "f8", mesh, src, dst, workspace_bytes=w)
+        t.run(local)                                    # the exchange is made on the first run
+        fakecupy.reset()
+        tracemalloc.start()
+        got = t.run(local)
+        host = tracemalloc.get_traced_memory()[1] - fakecupy.COUNTS["alloc_bytes"]
+        tracemalloc.stop()
+        counts = dict(fakecupy.COUNTS)
+        all_ok(COMM, _same(got, want), "staged in parts: the result")
+        sent = local.nbytes - want.nbytes // P          # what leaves this rank
+        all_ok(COMM, counts.get("to_host", 0) >= max(2, sent // (w // 2)),
+               f"staged in parts: {counts} for {sent} B sent with W = {w} B")
+        all_ok(COMM, host <= w, f"host memory {host} B > W {w} B")
+        all_ok(COMM, counts.get("alloc") == 1 and
+               counts["alloc_bytes"] <= want.nbytes + w // 2,
+               f"device: the result and at most a part ({counts})")
+        t.free()
+    finally:
+        comm.Free()
+        fakecupy.uninstall(before)
 
 
 def test_device_partial_sums_and_out(mode):

@@ -8,7 +8,7 @@ case folded onto the ranks at hand (its mesh axes shrunk to P devices,
 lengths divided by ``--scale``), each library (CuPy; torch CUDA when torch
 has CUDA) and each mode:
 
-- ``staged``: ``MPIREDIST_GPU_AWARE=0``, through host memory;
+- ``staged``: ``MPIREDIST_GPU_AWARE=0``, in parts through host rings within W;
 - ``aware``: device buffers to MPI, only where the MPI library says it is
   CUDA-aware (``MPIX_Query_cuda_support``), else reported as skipped;
 - ``host``: the caller's own round trip (copy to the host, numpy

@@ -76,10 +76,21 @@ def frame_shape(plan, step):
 
 
 def buffer_bytes(plan):
-    """Size of the in-place executor's buffer: the plan's peak, or a padded frame."""
+    """Size of the in-place executor's buffer: the plan's peak, or a padded frame
+    (kept per plan object: a donated run asks on every run)."""
+    found = _BUFFERS.get(id(plan))
+    if found is not None and found[0] is plan:
+        return found[1]
     frames = (_bytes(f, plan.dtype.itemsize) for f in map(lambda s: frame_shape(plan, s),
                                                           plan.steps) if f is not None)
-    return max([plan.peak_local_bytes, plan.src_local_bytes, plan.dst_local_bytes, *frames])
+    size = max([plan.peak_local_bytes, plan.src_local_bytes, plan.dst_local_bytes, *frames])
+    _BUFFERS[id(plan)] = (plan, size)
+    while len(_BUFFERS) > 256:
+        _BUFFERS.pop(next(iter(_BUFFERS)))
+    return size
+
+
+_BUFFERS = {}       # id(plan) -> (the plan, its buffer bytes)
 
 
 def reduction_room(workspace):

@@ -97,7 +97,10 @@ def resize_in_place():
     count the whole block again; donated blocks are then never resized:
     only a block large enough for the run is reused.
     """
-    return np.lib.NumpyVersion(np.__version__) < "2.5.0"
+    return _RESIZES_IN_PLACE
+
+
+_RESIZES_IN_PLACE = np.lib.NumpyVersion(np.__version__) < "2.5.0"
 
 
 class Donation(NamedTuple):

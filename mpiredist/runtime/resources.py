@@ -21,12 +21,14 @@ the agreement: on every rank, before any data moves) when it does not fit:
 
 Where a source is missing it does not count; where none is found nothing
 is checked.  The files to read are found once per Transfer
-(:class:`Resources`); each check reads a few small files (tens of
-microseconds).
+(:class:`Resources`); a check reads a few small files (0.1-0.3 ms), or
+reuses a reading of the last second when its bound is at most a quarter
+of what that reading allowed.
 """
 
 import os
 import re
+import time
 
 try:
     import resource
@@ -38,6 +40,9 @@ from ..core.errors import MemoryBudgetError
 __all__ = ["ENV", "parse_bytes", "Resources"]
 
 ENV = "MPIREDIST_MEMORY_LIMIT"
+# A reading of the sources is reused for this long, for bounds up to this share of it.
+REUSE_SECONDS = 1.0
+REUSE_SHARE = 0.25
 _SHARED = ("the cgroup's memory limit", "MemAvailable", "Slurm's --mem")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _NUMBER = re.compile(r"\s*(\d+)\s*([KMGT]?)(I?B)?\s*\Z", re.I)
@@ -94,6 +99,19 @@ def _cgroup_files():
     return None
 
 
+def _settings():
+    """What the sources read from the environment and the process limits: a
+    reading is reused only while these are unchanged."""
+    soft = None
+    if resource is not None:
+        try:
+            soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        except (OSError, ValueError):
+            soft = None
+    return (os.environ.get("SLURM_MEM_PER_CPU"), os.environ.get("SLURM_MEM_PER_NODE"),
+            os.environ.get("SLURM_CPUS_PER_TASK"), soft)
+
+
 class Resources:
     """What this rank may allocate, from the sources of the module doc.
 
@@ -101,22 +119,42 @@ class Resources:
     cgroup, its ``MemAvailable`` and Slurm's per-node memory).
     """
 
-    __slots__ = ("node_ranks", "_cgroup", "_override")
+    __slots__ = ("node_ranks", "_cgroup", "_override", "_last")
 
     def __init__(self, node_ranks=1):
         self.node_ranks = max(1, int(node_ranks))
         self._cgroup = _cgroup_files()
         text = os.environ.get(ENV, "").strip()
         self._override = parse_bytes(text) if text else None
+        self._last = None       # (monotonic seconds, _settings(), what available() read)
 
     def __repr__(self):
         return f"Resources(node_ranks={self.node_ranks}, cgroup={self._cgroup is not None})"
 
-    def available(self):
+    def available(self, bound=None):
         """``(bytes, source)``: the least any source allows this rank now, or
-        ``(None, None)`` where no source applies."""
+        ``(None, None)`` where no source applies.
+
+        With ``bound`` (the bytes the caller will check), a reading younger
+        than :data:`REUSE_SECONDS` is reused while ``bound`` is at most a
+        :data:`REUSE_SHARE` of it: the files are read again before a call
+        that could come near the limit, or after a second (reading them took
+        about 0.1-0.3 ms, as much as a small run's own work).
+        """
         if self._override is not None:
             return self._override, ENV
+        now, key = time.monotonic(), _settings()
+        last = self._last
+        if bound is not None and last is not None and now - last[0] < REUSE_SECONDS \
+                and last[1] == key:
+            found = last[2]
+            if found[0] is None or bound <= found[0] * REUSE_SHARE:
+                return found
+        found = self._read()
+        self._last = (now, key, found)
+        return found
+
+    def _read(self):
         found = []
         n = self.node_ranks
         if self._cgroup is not None:
@@ -126,8 +164,8 @@ class Resources:
         mem = _kb_field("/proc/meminfo", "MemAvailable")
         if mem is not None:
             found.append((mem // n, "MemAvailable"))
-        rss = _kb_field("/proc/self/status", "VmRSS") or 0
         per_cpu, per_node = os.environ.get("SLURM_MEM_PER_CPU"), os.environ.get("SLURM_MEM_PER_NODE")
+        rss = (_kb_field("/proc/self/status", "VmRSS") or 0) if per_cpu or per_node else 0
         if per_cpu and per_cpu.isdigit():
             cpus = os.environ.get("SLURM_CPUS_PER_TASK", "1")
             cpus = int(cpus) if cpus.isdigit() else 1
@@ -154,7 +192,7 @@ class Resources:
     def check(self, bound, rank, what, found=None):
         """MemoryBudgetError unless ``bound`` bytes fit what this rank may allocate
         (``found``: what :meth:`available` said, read now if not given)."""
-        have, source = self.available() if found is None else found
+        have, source = self.available(bound) if found is None else found
         if have is not None and bound > have:
             shared = source in _SHARED and self.node_ranks > 1
             raise MemoryBudgetError(

@@ -319,6 +319,14 @@ class Transfer:
             raise ClosedError(f"rank {self._base.Get_rank()}: {self!r} was freed; make a "
                               "new Transfer")
 
+    def __repr__(self):
+        # the arguments never change: made once (runs name the Transfer in
+        # their checks, and formatting it took about 0.06 ms a time)
+        found = self.__dict__.get("_repr")
+        if found is None:
+            found = self._repr = self._describe()
+        return found
+
     def __enter__(self):
         return self
 
@@ -437,7 +445,7 @@ class MeshTransfer(Transfer):
     def _choice(self):
         return self._choices[Variant.GIVEN if self._donate else Variant.KEPT]
 
-    def __repr__(self):
+    def _describe(self):
         p = self._plan
         return (f"Transfer({list(p.global_shape)}, {str(p.dtype)!r}, {self._mesh!r}, "
                 f"{str(p.src)!r}, {str(p.dst)!r}, donate={self._donate}, "
@@ -454,7 +462,7 @@ class MeshTransfer(Transfer):
             check_out(out, local, self.target_shape, self._plan.dtype, rank)
         verdict = NOT_DONATED
         kept = self._choices[Variant.KEPT].budget.limit
-        found = self._resources.available()
+        found = self._resources.available(max(c.budget.limit for c in self._choices.values()))
         fits = Resources.fits(kept, found)
         if self._donate and is_gpu(local):
             verdict = Donation(False, False, "device arrays run out of place (the one-buffer "
@@ -742,7 +750,7 @@ class CrossTransfer(Transfer):
         """Bytes this rank sends to other ranks per run."""
         return self._exchange.bytes_sent
 
-    def __repr__(self):
+    def _describe(self):
         return (f"Transfer({list(self._shape)}, {str(self._dtype)!r}, {self._mesh!r}, "
                 f"{str(self._src)!r}, {str(self._dst)!r}, dst_mesh={self._target_mesh!r}, "
                 f"workspace_bytes={self._workspace}, checked={self._checked})")

@@ -55,7 +55,7 @@ piece, its box in the source region (no message)."""
 
 
 def move(ctx, comm, sends, recvs, source, target, limit, room, reducer=None, paired=False,
-         halves=False):
+         halves=False, posted=p2p.MAX_POSTED):
     """Move ``sends`` (boxes of ``source``) to their peers and ``recvs`` into
     ``target`` (both :class:`~mpiredist.runtime.memory.Region`) on ``comm``.
 
@@ -63,7 +63,8 @@ def move(ctx, comm, sends, recvs, source, target, limit, room, reducer=None, pai
     sides together (shared by the sides that pack here, or half each with
     ``halves``); ``reducer``: the ufunc of combining receives;
     ``paired``: in place (``source`` and ``target`` share memory; receive i
-    overwrites only what sends 0..i read, see :func:`mpiredist.runtime.p2p.run`).
+    overwrites only what sends 0..i read, see :func:`mpiredist.runtime.p2p.run`);
+    ``posted``: parts in flight per side, at most.
     """
     me = comm.Get_rank()
     dtype = _dtype(source, target)
@@ -98,7 +99,7 @@ def move(ctx, comm, sends, recvs, source, target, limit, room, reducer=None, pai
     ctx.calls += p2p.run(ctx.MPI, comm,
                          (_part(ctx, s.peer, source, box, send_room) for s, box in send_seq),
                          (received(r, box) for r, box in recv_seq), send_buffer, recv_buffer,
-                         paired=paired)
+                         paired=paired, posted=posted)
 
 
 def move_once(ctx, comm, sends, recvs, source, target, even):
@@ -294,7 +295,9 @@ class Exchange:
 
     Memory: the caller's target block, plus rings of at most half of W a
     side, less a margin (a quarter of W, at most ``budget.MARGIN``) for what
-    else the call allocates.  Nothing here communicates but :meth:`run`.
+    else the call allocates, which also caps the parts in flight
+    (:func:`mpiredist.runtime.p2p.posted_within`).  Nothing here communicates
+    but :meth:`run`.
     """
 
     def __init__(self, ctx, sources, targets, workspace, op="sum", views=False, rank=None):
@@ -323,7 +326,9 @@ class Exchange:
         # elements of both rings: W less a margin for what else a call allocates
         # (its lists, requests and datatypes), and a part each where combining
         # needs the ring
-        rings = workspace - min(workspace // 4, MARGIN)
+        margin = min(workspace // 4, MARGIN)
+        rings = workspace - margin
+        self.posted = p2p.posted_within(margin)     # their objects within the margin
         # staged through host rings, every part packs: room for a part each way
         self.room = max(rings // ctx.itemsize,
                         2 * limit if self.combines or ctx.staged else 0)
@@ -349,7 +354,7 @@ class Exchange:
         target = Region(out) if out is not None else _EMPTY
         ctx.xp = xp or ctx.xp
         move(ctx, self.comm, self.sends, self.recvs, source, target, self.limit, self.room,
-             self.reducer if self.combines else None, halves=True)
+             self.reducer if self.combines else None, halves=True, posted=self.posted)
 
 
 class _Nothing:

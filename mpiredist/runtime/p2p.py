@@ -41,9 +41,20 @@ __all__ = ["Ring", "Part", "run"]
 
 TAG = 0x6d72        # "mr": one tag for every part; order within a pair is MPI's
 # Posted and unfinished parts per side, at most: each holds Python objects
-# and an MPI request (about 0.5 KiB traced), and tiny parts (a low count
-# limit) would otherwise put thousands in flight at once.
+# and an MPI request, and tiny parts (a low count limit) would otherwise put
+# thousands in flight at once.  A caller with a smaller margin for them
+# passes fewer (:func:`posted_within`): POSTED_BYTES per part and side, from
+# a measurement (a staged device run of 4 KiB parts, W = 128 KiB, 2 ranks:
+# traced host memory 114 KB with 2 parts in flight a side, 162 KB with 16,
+# about 1.7 KB a part and side), with room to spare.
 MAX_POSTED = 32
+POSTED_BYTES = 3 << 10
+
+
+def posted_within(margin):
+    """Parts per side in flight whose Python objects fit ``margin`` bytes (2 at
+    least, :data:`MAX_POSTED` at most)."""
+    return max(2, min(MAX_POSTED, margin // (2 * POSTED_BYTES)))
 
 
 class Part:
@@ -111,7 +122,8 @@ class Ring:
             self.live.popleft()
 
 
-def run(MPI, comm, sends, recvs, send_buffer, recv_buffer, tag=TAG, paired=False):
+def run(MPI, comm, sends, recvs, send_buffer, recv_buffer, tag=TAG, paired=False,
+        posted=MAX_POSTED):
     """Post ``sends`` and ``recvs`` (iterables of :class:`Part`, read as they
     are posted) in order; return, when all have finished, the number of
     messages posted (sends and receives).
@@ -134,7 +146,7 @@ def run(MPI, comm, sends, recvs, send_buffer, recv_buffer, tag=TAG, paired=False
     when send i and receive i of a rank carry the same place in the order
     of messages, as pairwise swaps and permutes in parts do.
     """
-    state = _State(MPI, comm, tag, send_buffer, recv_buffer, paired)
+    state = _State(MPI, comm, tag, send_buffer, recv_buffer, paired, posted)
     sends, recvs = _Ahead(sends), _Ahead(recvs)
     while True:
         for _ in range(2):          # receives first: posted receives let senders go
@@ -215,8 +227,10 @@ class _State:
     holds no space longer than the ring would.
     """
 
-    def __init__(self, MPI, comm, tag, send_buffer, recv_buffer, paired=False):
+    def __init__(self, MPI, comm, tag, send_buffer, recv_buffer, paired=False,
+                 posted=MAX_POSTED):
         self.MPI, self.comm, self.tag, self.paired = MPI, comm, tag, paired
+        self.most = posted                      # parts in flight per side, at most
         self.rings = {}
         for side, buffer in (("send", send_buffer), ("recv", recv_buffer)):
             if buffer is not None:
@@ -259,7 +273,7 @@ class _State:
             self.received += 1
             self._drain()
             return True
-        if self.flying["recv"] >= MAX_POSTED:
+        if self.flying["recv"] >= self.most:
             return False
         if part.spec is not None:
             token = _Recv(part, index=index)
@@ -276,7 +290,7 @@ class _State:
         return True
 
     def post_send(self, part):
-        if self.flying["send"] >= MAX_POSTED:
+        if self.flying["send"] >= self.most:
             return False
         if part.spec is not None:
             token = _Send()

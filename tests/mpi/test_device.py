@@ -105,7 +105,10 @@ def test_staged_in_parts_within_the_workspace(monkeypatch):
         want = oracle.expected(G, [("x", P)], [[], ["x"]], RANK)
         local = _device_block(G, mesh, src)
         t = mr.Transfer(shape, "f8", mesh, src, dst, workspace_bytes=w)
-        t.run(local)                                    # the exchange is made on the first run
+        # the exchange is made on the first run; the first runs also leave caches of
+        # their own (about 35 KB here when a low count limit cuts 4 KiB parts): warm up
+        for _ in range(3):
+            t.run(local)
         fakecupy.reset()
         tracemalloc.start()
         got = t.run(local)

@@ -86,15 +86,23 @@ def _job(mode, python_args=(), **env):
     if (os.cpu_count() or 1) < 4:
         environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
     count = ["-n", "4"] if "srun" not in Path(LAUNCHER[0]).name else ["--ntasks=4"]
-    before = _segments()
-    t0 = time.monotonic()
-    try:
-        done = subprocess.run([*LAUNCHER, *count, sys.executable, *python_args, PROBE, mode],
-                              capture_output=True, text=True, env=environ, cwd=ROOT,
-                              timeout=LIMIT + 60)
-    finally:
-        _remove_leaked(before)
-    return time.monotonic() - t0, done.returncode, done.stdout + done.stderr
+    for attempt in range(2):
+        before = _segments()
+        t0 = time.monotonic()
+        try:
+            done = subprocess.run([*LAUNCHER, *count, sys.executable, *python_args, PROBE,
+                                   mode], capture_output=True, text=True, env=environ,
+                                  cwd=ROOT, timeout=LIMIT + 60)
+        finally:
+            _remove_leaked(before)
+        out = done.stdout + done.stderr
+        # A failed job that printed nothing at all, not even the launcher, never ran
+        # the probe (seen once in 800-odd CI jobs, not reproduced in 15 reruns): run
+        # it once more, and say so; every assertion applies to the job that ran.
+        if done.returncode == 0 or out.strip() or attempt:
+            return time.monotonic() - t0, done.returncode, out
+        print(f"_job({mode!r}): the launcher failed with status {done.returncode} and no "
+              "output; once more", file=sys.stderr)
 
 
 @pytest.mark.parametrize("kind, name", [("error", "RuntimeError"), ("memory", "MemoryError"),

@@ -38,10 +38,12 @@ import numpy as np
 
 from ..core.blocks import block_index, box_size, contiguous_box, overlap, rank_block
 from ..core.layout import Layout
+from ..core.mesh import Mesh
 from ..core.subaxes import SubLayout, expand, rank_digits
 from .budget import workspace_for
 
 __all__ = ["Source", "Target", "Piece", "Holders", "layout_sources", "layout_targets",
+           "plan_pieces",
            "layout_boxes", "box_sources", "recv_pieces", "send_pieces", "parts", "iter_parts", "part_limit",
            "ring_part_limit",
            "exchange_workspace", "simulate", "REDUCERS", "MIN_PART", "DEPTH"]
@@ -102,6 +104,15 @@ def layout_targets(shape, mesh, layout, comm_size, keep_classes=False):
         cls = block_index(sub.partial, digits) if keep_classes else None
         out[rank] = Target(rank_block(tuple(shape), sub, digits), cls)
     return out
+
+
+def plan_pieces(plan, before, after, keep_classes):
+    """``(sources, targets)`` of a move from layout ``before`` to ``after`` of
+    ``plan`` on its mesh's own communicator, whose rank is the device (a
+    plan's exchange step, a staged device run), whatever ranks the mesh names."""
+    devices, n = Mesh(plan.mesh.axes), plan.mesh.size
+    return (layout_sources(plan.global_shape, devices, before, n),
+            layout_targets(plan.global_shape, devices, after, n, keep_classes=keep_classes))
 
 
 def _sub(layout, mesh):

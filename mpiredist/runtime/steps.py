@@ -43,10 +43,8 @@ from dataclasses import dataclass
 from ..core.backend import synchronize
 from ..core.blocks import box_shape, contiguous_box, divides_evenly, overlap, rank_block
 from ..core.errors import CommunicationError
-from ..core.mesh import Mesh
 from ..planning.budget import frame_shape
-from ..planning.pieces import (REDUCERS, layout_sources, layout_targets, part_limit,
-                               ring_part_limit)
+from ..planning.pieces import REDUCERS, part_limit, plan_pieces, ring_part_limit
 from ..planning.routing import member_digits, permute_dest, permute_source
 from . import collectives
 from .collectives import allreduce, message, mpi_op, reduce_limit, reduce_scatter
@@ -203,10 +201,7 @@ def _exchange_of(ctx, index, sliced):
         step, plan = ctx.plan.steps[index], ctx.plan
         if step.before.partial != step.after.partial:
             raise AssertionError(f"internal planner error: exchange {step} reduces")
-        # the mesh communicator's rank is the device, whatever the mesh's ranks
-        devices, n = Mesh(plan.mesh.axes), plan.mesh.size
-        sources = layout_sources(plan.global_shape, devices, step.before, n)
-        targets = layout_targets(plan.global_shape, devices, step.after, n, keep_classes=True)
+        sources, targets = plan_pieces(plan, step.before, step.after, keep_classes=True)
         ex = Exchange(ctx, sources, targets, 0, plan.src.op, views=sliced)
         zero = ex if ctx.comm.Get_rank() == 0 else Exchange(ctx, sources, targets, 0,
                                                             plan.src.op, sliced, rank=0)

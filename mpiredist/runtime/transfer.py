@@ -50,7 +50,7 @@ from ..planning.budget import (assess, buffer_bytes, choose, default_workspace,
                                fresh_buffer_fits, reduction_room)
 from ..planning.crossmesh import cross_plan, relabel, route
 from ..planning.pieces import (exchange_workspace, layout_sources, layout_targets, part_limit,
-                               parts)
+                               parts, plan_pieces)
 from ..planning.plans import _bytes as format_bytes
 from . import steps
 from .agree import agree, check_together
@@ -557,10 +557,8 @@ class MeshTransfer(Transfer):
         if found is None:
             self._program(Variant.DEVICE, local)    # its BudgetWarning, before data moves
             plan = self._plan
-            devices, n = Mesh(plan.mesh.axes), plan.mesh.size   # mesh rank = device
-            sources = layout_sources(plan.global_shape, devices, plan.src, n)
-            targets = layout_targets(plan.global_shape, devices, plan.dst, n,
-                                     keep_classes=bool(plan.dst.partial))
+            sources, targets = plan_pieces(plan, plan.src, plan.dst,
+                                           keep_classes=bool(plan.dst.partial))
             found = Exchange(_staged_context(self._comm, plan.dtype), sources, targets,
                              self._workspace, plan.src.op, views=True)
             self._kept.setdefault(Variant.DEVICE, {})["staged"] = found

@@ -16,13 +16,14 @@ import numpy as np
 
 from ..core.backend import as_dtype, dtype_of
 from ..core.blocks import rank_block
+from ..core.caches import recent
 from ..core.errors import ShapeError
 from ..core.layout import Layout
 from ..core.mesh import Mesh
 from ..core.subaxes import expand, rank_digits
 from ..planning import planner
 from ..runtime.agree import agree, check_together
-from ..runtime.comm import base_comm, check_size, transfer_cache
+from ..runtime.comm import base_comm, check_size, kept
 from ..runtime.transfer import Transfer, crossing
 
 __all__ = ["DistArrayBase", "redistribute", "TRANSFER_CACHE_SIZE"]
@@ -315,17 +316,14 @@ def _transfer(mesh, global_shape, dtype, src, dst, donate, strategy, workspace):
         key = (m, tuple(int(n) for n in global_shape), as_dtype(dtype).str,
                str(Layout.parse(src)), str(Layout.parse(dst)), strategy, bool(donate),
                workspace)
-        cache = transfer_cache(base_comm(m))
+        cache = kept(base_comm(m), "transfers")
     except (ValueError, TypeError):
         key = cache = None                      # the agreement names the problem
-    t = cache.pop(key, None) if cache is not None else None
-    if t is None:
-        t = Transfer(global_shape, dtype, mesh, src, dst, donate, workspace, strategy)
-    if cache is not None:
-        cache[key] = t                          # most recently used last
-        while len(cache) > TRANSFER_CACHE_SIZE:
-            cache.pop(next(iter(cache))).free()
-    return t
+
+    def make():
+        return Transfer(global_shape, dtype, mesh, src, dst, donate, workspace, strategy)
+
+    return make() if cache is None else recent(cache, key, make, TRANSFER_CACHE_SIZE)
 
 
 def _between(local, global_shape, mesh, src, dst, dst_mesh, donate, strategy, records,

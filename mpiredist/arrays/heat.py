@@ -187,9 +187,6 @@ def _boxes(shape, split, lengths):
     return out
 
 
-_DND_CACHE = {}         # (shape, dtype, split lengths, axis, W) -> Exchange
-
-
 def _resplit_dndarray(x, axis, workspace_bytes=None):
     """``heat.resplit`` of a ``heat.DNDarray``, moved by one mpiredist exchange
     from HeAT's own distribution (``lshape_map``, which need not be balanced)
@@ -199,8 +196,10 @@ def _resplit_dndarray(x, axis, workspace_bytes=None):
     import numpy as np
 
     from ..core.backend import as_dtype, backend_of
+    from ..core.caches import recent
     from ..planning.pieces import Source, Target, exchange_workspace
     from ..runtime.agree import agree, fingerprint
+    from ..runtime.comm import kept, library_comm
     from ..runtime.context import Context
     from ..runtime.exchange import Exchange
 
@@ -213,8 +212,8 @@ def _resplit_dndarray(x, axis, workspace_bytes=None):
     key = (shape, dtype.str, split, None if lengths is None else tuple(lengths), axis,
            workspace_bytes)
     agree(comm, "heat resplit", None, {"key": fingerprint(key)})
-    ex = _DND_CACHE.get(key)
-    if ex is None:
+
+    def make():
         src = _boxes(shape, split, lengths if lengths is not None else [0] * size)
         dst = _boxes(shape, axis, heat_counts(shape[axis], size) if axis is not None
                      else [0] * size)
@@ -222,10 +221,10 @@ def _resplit_dndarray(x, axis, workspace_bytes=None):
         targets = [Target(b, None) for b in dst]
         w = exchange_workspace(sources, targets, dtype.itemsize) if workspace_bytes is None \
             else workspace_bytes
-        from ..runtime.comm import library_comm
-        ex = _DND_CACHE[key] = Exchange(Context(library_comm(comm), dtype), sources, targets, w)
-        while len(_DND_CACHE) > 32:
-            _DND_CACHE.pop(next(iter(_DND_CACHE))).ctx.free()
+        return Exchange(Context(library_comm(comm), dtype), sources, targets, w)
+
+    # kept per communicator: the same key on another one is another exchange
+    ex = recent(kept(comm, "heat exchanges"), key, make, 32)
     local = x.larray
     native = np.ascontiguousarray(backend_of(local).native(local.detach()))
     out = np.empty(ex.target_shape, dtype)

@@ -16,6 +16,8 @@ and writes the buffer, so an exchange there needs no second buffer.
 
 from dataclasses import dataclass
 
+from ..core.caches import PerObject
+
 MIB = 1 << 20
 # Bytes of the limit left for what else a call allocates while its buffers
 # are alive: lists and datatypes, and on a first call the planner's caches
@@ -78,19 +80,16 @@ def frame_shape(plan, step):
 def buffer_bytes(plan):
     """Size of the in-place executor's buffer: the plan's peak, or a padded frame
     (kept per plan object: a donated run asks on every run)."""
-    found = _BUFFERS.get(id(plan))
-    if found is not None and found[0] is plan:
-        return found[1]
+    return _BUFFERS.get(plan, _buffer_bytes)
+
+
+def _buffer_bytes(plan):
     frames = (_bytes(f, plan.dtype.itemsize) for f in map(lambda s: frame_shape(plan, s),
                                                           plan.steps) if f is not None)
-    size = max([plan.peak_local_bytes, plan.src_local_bytes, plan.dst_local_bytes, *frames])
-    _BUFFERS[id(plan)] = (plan, size)
-    while len(_BUFFERS) > 256:
-        _BUFFERS.pop(next(iter(_BUFFERS)))
-    return size
+    return max([plan.peak_local_bytes, plan.src_local_bytes, plan.dst_local_bytes, *frames])
 
 
-_BUFFERS = {}       # id(plan) -> (the plan, its buffer bytes)
+_BUFFERS = PerObject(256)
 
 
 def reduction_room(workspace):

@@ -18,7 +18,7 @@ from ..core.topology import Topology
 from ..core.subaxes import rank_digits
 
 __all__ = ["MeshComm", "mpi", "mesh_comm", "library_comm", "node_comm", "topology",
-           "transfer_cache", "check_size", "base_comm", "free_all", "cuda_aware", "gpu_support"]
+           "kept", "check_size", "base_comm", "free_all", "cuda_aware", "gpu_support"]
 
 
 def mpi():
@@ -113,8 +113,9 @@ _CACHED = []       # communicators that carry a cache, for free_all()
 
 def _on_free(comm, keyval, cache):
     """MPI attribute delete callback: the communicator is being freed."""
-    for t in cache.pop(TRANSFERS, {}).values():
-        t.free()
+    for objects in cache.pop(KEPT, {}).values():
+        for obj in objects.values():
+            obj.free()
     for key, mc in cache.items():
         if key in (TOPOLOGY, GPU):
             continue
@@ -127,7 +128,7 @@ def _on_free(comm, keyval, cache):
 
 
 LIBRARY = "library"     # the cache key of library_comm's communicator
-TRANSFERS = "transfers"  # the cache key of transfer_cache's dict
+KEPT = "kept"           # the cache key of the dicts of kept()
 
 
 def _keyval():
@@ -245,11 +246,14 @@ def gpu_support(base):
     return found
 
 
-def transfer_cache(base):
-    """The Transfers that :func:`mpiredist.redistribute` keeps for ``base`` (a dict,
-    bounded by its user, most recently used last; local, no communication);
-    freed with ``base``."""
-    return _cache(base).setdefault(TRANSFERS, {})
+def kept(base, name):
+    """The dict ``name`` of objects with a ``free()`` that mpiredist keeps for
+    ``base`` (the Transfers of :func:`mpiredist.redistribute`, the exchanges
+    of the DTensor and HeAT entry points), bounded by its user with
+    :func:`mpiredist.core.caches.recent`; local, no communication.  Its
+    objects are freed with ``base``, so an object made for one communicator
+    is never found for another."""
+    return _cache(base).setdefault(KEPT, {}).setdefault(name, {})
 
 
 def mesh_comm(mesh):

@@ -335,6 +335,10 @@ class Exchange:
         self.bytes_sent = sum(math.prod(s.box[1]) for s in self.sends if s.peer != me) \
             * ctx.itemsize
 
+    def free(self):
+        """Free the datatypes of its context (local, no communication)."""
+        self.ctx.free()
+
     @property
     def source_shape(self):
         return None if self.src_box is None else box_shape(self.src_box)

@@ -574,7 +574,7 @@ class MeshTransfer(Transfer):
             ctx.free()
         staged = self._kept.get(Variant.DEVICE, {}).get("staged")
         if staged is not None:
-            staged.ctx.free()
+            staged.free()
         self._contexts.clear()
         self._kept.clear()
 
@@ -819,7 +819,7 @@ class CrossTransfer(Transfer):
     def _release(self):
         self._ctx.free()
         if self._staged_exchange is not None:
-            self._staged_exchange.ctx.free()
+            self._staged_exchange.free()
 
 
 def _staged_context(comm, dtype):

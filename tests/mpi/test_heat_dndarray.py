@@ -50,3 +50,26 @@ def test_unbalanced_source():
            and np.array_equal(ours.numpy(), whole),
            "from an unbalanced split (HeAT's own resplit raised an MPI error here, "
            "HeAT 1.8)")
+
+
+def test_same_problem_on_two_communicators():
+    """One resplit of one shape on two communicators of one size with other
+    ranks: each runs on its own communicator (an exchange kept for the first
+    must not be found for the second; it was, keyed by the problem alone)."""
+    if P < 4 or P % 2:
+        pytest.skip("needs an even number of ranks, at least 4")
+    pairs = [COMM.Split(RANK // 2, RANK), COMM.Split(((RANK + 1) % P) // 2, RANK)]
+    try:
+        for sub in pairs:
+            me = sub.Get_rank()
+            base = np.arange(6 * 4, dtype=np.float32).reshape(6, 4) + 100 * sub.allreduce(
+                RANK, op=MPI.MIN)
+            x = ht.array(base, split=0, comm=ht.MPICommunication(sub))
+            ours = mr.heat.resplit(x, 1)
+            cols = mr.heat.heat_counts(4, 2)
+            lo = sum(cols[:me])
+            all_ok(COMM, np.array_equal(ours.larray.numpy(), base[:, lo:lo + cols[me]]),
+                   f"resplit on the pair of ranks {sub.allgather(RANK)}")
+    finally:
+        for sub in pairs:
+            sub.Free()

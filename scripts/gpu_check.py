@@ -179,6 +179,44 @@ def main(argv=None):
                              f"{max(peaks) / 2**20:.2f}" if peaks else "-",
                              f"bound {bound / 2**20:.2f} MiB" + ("" if all_within else
                                                                   " EXCEEDED")))
+    # many arrays in one TransferGroup (state-dict-like: weights, a bias, a partial sum)
+    items = {"w": ((64 * p + 3, 48), "float32", "[{x}, {}]", "[{}, {x}]"),
+             "b": ((96,), "float32", "[{}]", "[{x}]"),
+             "g": ((32, 8 * p), "float32", "[{}, {}] sum{x}", "[{}, {x}]")}
+    G = {n: oracle.global_array(it[0], np.dtype("f4"), np.random.default_rng(9))
+         for n, it in items.items()}
+    for lib in ["cupy"] + (["torch"] if has_torch else []):
+        for mode in ("staged", "aware"):
+            if mode == "aware" and not aware:
+                rows.append(("group", lib, mode, "skip", "-", "-", "MPI not CUDA-aware"))
+                continue
+            os.environ["MPIREDIST_GPU_AWARE"] = "1" if mode == "aware" else "0"
+            sub = comm.Dup()
+            mesh = mr.Mesh(f"x={p}", comm=sub)
+            blocks = {}
+            for n, (shape, _, src, _) in items.items():
+                lay = mr.Layout.parse(src)
+                blocks[n] = to_device(oracle.source_blocks(
+                    G[n], [("x", p)], [list(d) for d in lay.dims], list(lay.partial),
+                    lay.op)[rank], lib)
+            times = []
+            with mr.TransferGroup(items, mesh) as g:
+                got = g.run(blocks)                                 # warm
+                for _ in range(args.repeats):
+                    sub.Barrier()
+                    t0 = time.perf_counter()
+                    got = g.run(blocks)
+                    sync(lib)
+                    times.append(time.perf_counter() - t0)
+            ok = all(np.array_equal(to_host(got[n], lib), oracle.expected(
+                G[n], [("x", p)], [list(d) for d in mr.Layout.parse(it[3]).dims], rank))
+                for n, it in items.items())
+            all_good = all(comm.allgather(ok))
+            bad += not all_good
+            sub.Free()
+            rows.append(("group", lib, mode, "ok" if all_good else "WRONG",
+                         f"{statistics.median(times) * 1e3:.2f}", "-",
+                         f"TransferGroup of {len(items)} arrays"))
     if rank == 0:
         print(f"gpu_check: {p} ranks, {'fake CuPy (CPU)' if args.fake else 'GPU 0'}, "
               f"MPI {MPI.Get_library_version().splitlines()[0].strip()}, CUDA-aware: "

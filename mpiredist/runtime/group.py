@@ -18,6 +18,12 @@ the exchange engine in pipelined parts (:meth:`Exchange.run
 that fit one bucket makes one collective, as one item does.  Items of the
 same shape, dtype and layouts share their pieces (computed once).
 
+Device arrays (CuPy, torch CUDA): the results are allocated on the device;
+the bucket buffer is device memory where MPI is CUDA-aware (agreed once per
+communicator, as for a Transfer), else host memory, packed from and
+unpacked to the device, and an item alone then moves by an exchange staged
+through host rings (made on its first such run).
+
 Memory (this rank): the target blocks it allocates (sum of T_i), plus the
 buckets' send and receive buffer (one, at most the pack room, within W;
 kept between runs, as a Transfer keeps its buffers, until :meth:`free`),
@@ -33,6 +39,7 @@ import math
 
 import numpy as np
 
+from ..core.backend import array_module, copy_into, cupy_or_error, on_device_of, synchronize
 from ..core.blocks import box_size
 from ..core.errors import MpiredistError, PlanError, ShapeError
 from ..core.mesh import Mesh
@@ -46,7 +53,7 @@ from .context import Context
 from .exchange import Exchange, _index, _offsets
 from .failure import guard
 from .inputs import check_block, check_out, check_workspace
-from .transfer import _HOST, _native, _same_comm
+from .transfer import _HOST, _native, _same_comm, _staged_context, gpu_aware
 
 __all__ = ["TransferGroup"]
 
@@ -57,11 +64,12 @@ class _Item:
     """One item's geometry on this rank: its Exchange (pieces, relative boxes)."""
 
     __slots__ = ("name", "shape", "dtype", "src", "dst", "exchange", "need", "bucket",
-                 "source_shape", "target_shape", "order")
+                 "source_shape", "target_shape", "order", "pieces")
 
-    def __init__(self, name, shape, dtype, src, dst, exchange, need):
+    def __init__(self, name, shape, dtype, src, dst, exchange, need, pieces):
         self.name, self.shape, self.dtype, self.src, self.dst = name, shape, dtype, src, dst
         self.exchange, self.need, self.bucket = exchange, need, None
+        self.pieces = pieces        # (sources, targets): for a staged exchange, if one runs
         self.source_shape, self.target_shape = exchange.source_shape, exchange.target_shape
         # receives in the order they are applied: first classes copied, then the
         # others added in key order (class, peer offset)
@@ -146,10 +154,11 @@ class TransferGroup:
                 exchanges[key] = Exchange(self._context(dtype), sources, targets,
                                           self._workspace, src.op)
             self._items.append(_Item(name, shape, dtype, src, dst, exchanges[key],
-                                     shapes[key][2]))
+                                     shapes[key][2], shapes[key][:2]))
         self._buckets, self._alone = self._schedule()
         self._layouts = []      # per bucket: its messages, made on the first run
         self._buffer = None     # the buckets' send and receive bytes, kept between runs
+        self._staged = {}       # item index -> its exchange staged through host memory
         self._identity = dict(group=fingerprint(mesh, target, self._workspace,
                                                 *[(i.name, i.shape, i.dtype, i.src, i.dst)
                                                   for i in self._items]))
@@ -258,6 +267,9 @@ class TransferGroup:
         if not self._freed:
             self._freed = True
             self._buffer = None
+            for ex in self._staged.values():
+                ex.free()
+            self._staged.clear()
             for ctx in self._contexts.values():
                 ctx.free()
 
@@ -287,10 +299,8 @@ class TransferGroup:
         except (ValueError, MpiredistError) as exc:
             error = exc
         agree(self._base, "TransferGroup.run", error, dict(self._identity, kind=str(kind)))
-        if kind.device:
-            raise ShapeError(f"{self!r}: device arrays are not supported by groups yet; "
-                             "move them with one Transfer each")
-        results = guard(self._base, repr(self), self._move, natives, outs)
+        aware = kind.device and gpu_aware(self._base, repr(self))
+        results = guard(self._base, repr(self), self._move, natives, outs, kind, aware)
         given = self._listed(out)
         return self._form([g if g is not None else kind.wrap(r)
                            for g, r in zip(given, results)])
@@ -348,22 +358,36 @@ class TransferGroup:
                              f"{sorted(map(str, kinds))}")
         return (kinds.pop() if kinds else _HOST), natives, outs
 
-    def _move(self, natives, outs):
+    def _move(self, natives, outs, kind=_HOST, aware=False):
+        """Every item: the buckets, then the items alone.  Device arrays: the
+        results on the device; the bucket buffer there too when MPI is
+        CUDA-aware (``aware``), else on the host, packed from and unpacked
+        to the device, and the items alone staged through host rings."""
+        xp = cupy_or_error() if kind.device else np
         targets = []
         for item, local, o in zip(self._items, natives, outs):
             shape = item.target_shape
             if o is None and shape is not None:
-                o = np.empty(shape, item.dtype)
+                o = xp.empty(shape, item.dtype)
             targets.append(o)
         for b in range(len(self._buckets)):
-            self._bucket(b, natives, targets)
+            self._bucket(b, natives, targets, xp if aware else np)
         for k in self._alone:
-            item = self._items[k]
-            ex = item.exchange
+            ex = self._staging(k) if kind.device and not aware else self._items[k].exchange
             before = ex.ctx.calls
             ex.run(natives[k], targets[k])
             self.calls += ex.ctx.calls - before
         return targets
+
+    def _staging(self, k):
+        """Item ``k``'s exchange with every part staged through host rings (made
+        on its first staged run, kept until :meth:`free`)."""
+        found = self._staged.get(k)
+        if found is None:
+            item = self._items[k]
+            found = self._staged[k] = Exchange(_staged_context(self._comm, item.dtype),
+                                               *item.pieces, self._workspace, item.src.op)
+        return found
 
     def _layout(self, ks):
         """A bucket's messages, worked out once: per piece sent ``(item, index,
@@ -403,20 +427,23 @@ class TransferGroup:
         return packs, applies, (send_counts, send_at, recv_counts, recv_at, total,
                                 total + sum(recv_counts))
 
-    def _bucket(self, b, natives, targets):
-        """Every piece of bucket ``b``'s items in one ``Alltoallv`` of bytes."""
+    def _bucket(self, b, natives, targets, xp=np):
+        """Every piece of bucket ``b``'s items in one ``Alltoallv`` of bytes, through
+        a buffer of library ``xp`` (the device's where MPI takes device buffers)."""
         if not self._layouts:
             self._layouts = [self._layout(ks) for ks in self._buckets]
         packs, applies, (send_counts, send_at, recv_counts, recv_at, split, size) = \
             self._layouts[b]
-        if self._buffer is None:
+        if self._buffer is None or array_module(self._buffer) is not xp:
             # one buffer for every bucket, kept between runs (at most the pack
             # room, within W): a fresh one faulted its pages in on every run
-            self._buffer = np.empty(max(x[2][5] for x in self._layouts), np.uint8)
+            self._buffer = None
+            self._buffer = xp.empty(max(x[2][5] for x in self._layouts), np.uint8)
         out, back = self._buffer[:split], self._buffer[split:size]
         for k, index, at, dtype, shape in packs:
             slot = out[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
-            slot[...] = natives[k][index]
+            copy_into(slot, natives[k][index])      # host or device, either way
+        synchronize(out)
         B = self._base_byte()
         self.calls += 1
         self._comm.Alltoallv([out, send_counts, send_at, B], [back, recv_counts, recv_at, B])
@@ -431,9 +458,10 @@ class TransferGroup:
                 value = back[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
             view = target[index]
             if combine:
-                self._items[k].exchange.reducer(view, value, out=view)
+                self._items[k].exchange.reducer(view, on_device_of(view, value), out=view)
             else:
-                view[...] = value
+                copy_into(view, value)
+        synchronize(back)
 
     def _base_byte(self):
         return next(iter(self._contexts.values())).MPI.BYTE

@@ -259,16 +259,7 @@ class Transfer:
         return kind
 
     def _gpu_aware(self):
-        """Whether device buffers go to MPI directly (agreed once per communicator,
-        collective on the first device run; raises on every rank when they
-        cannot run at all)."""
-        aware, staging = gpu_support(self._base)
-        if not aware and not staging:
-            raise ShapeError(f"{self!r}: device arrays, but the MPI library is not "
-                             "CUDA-aware (MPIX_Query_cuda_support, or MPIREDIST_GPU_AWARE=0) "
-                             "and MPIREDIST_GPU_STAGING=0 forbids staging through host "
-                             "memory")
-        return aware
+        return gpu_aware(self._base, repr(self))
 
     def _staged(self, local, out, records, verdict=NOT_DONATED):
         """A device run on an MPI library that is not CUDA-aware: one exchange
@@ -820,6 +811,19 @@ class CrossTransfer(Transfer):
         self._ctx.free()
         if self._staged_exchange is not None:
             self._staged_exchange.free()
+
+
+def gpu_aware(base, what):
+    """Whether device buffers go to MPI directly on ``base`` (agreed once per
+    communicator, collective on the first device run); raises on every rank
+    when they cannot run at all (not CUDA-aware, and staging forbidden)."""
+    aware, staging = gpu_support(base)
+    if not aware and not staging:
+        raise ShapeError(f"{what}: device arrays, but the MPI library is not "
+                         "CUDA-aware (MPIX_Query_cuda_support, or MPIREDIST_GPU_AWARE=0) "
+                         "and MPIREDIST_GPU_STAGING=0 forbids staging through host "
+                         "memory")
+    return aware
 
 
 def _staged_context(comm, dtype):

@@ -244,3 +244,39 @@ def test_device_budget_and_donation_warnings(mode):
     with pytest.warns(mr.DonationWarning, match="device arrays run out of place"):
         got = mr.redistribute(local, shape, mesh, src, dst, donate=True)
     all_ok(COMM, _same(got, want), f"{name}: donated device block")
+
+
+GROUP = {   # name: (global shape, dtype, src, dst)
+    "w": ((3 * P + 1, 4), "f4", "[{x}, {}]", "[{}, {x}]"),
+    "b": ((5,), "i8", "[{}]", "[{x}]"),
+    "g": ((4, 2 * P), "f8", "[{}, {}] sum{x}", "[{}, {x}]"),
+    "big": ((32 * P, 16), "f8", "[{x}, {}]", "[{}, {x}]"),
+}
+
+
+@pytest.mark.parametrize("workspace", [None, 2048], ids=["buckets", "small-W"])
+def test_group_of_device_arrays(mode, workspace):
+    """A TransferGroup of device arrays: results on the device, right, in both
+    modes; CUDA-aware, the pieces never leave the device (no copy to the
+    host); staged, they go through host memory (copies to the host); with a
+    small W the big item moves alone, in parts."""
+    name, comm = mode
+    mesh = mr.Mesh(f"x={P}", comm=comm)
+    rng = np.random.default_rng(8)
+    G, blocks = {}, {}
+    for n, (shape, dtype, src, dst) in GROUP.items():
+        G[n] = oracle.global_array(shape, np.dtype(dtype), rng)
+        blocks[n] = _device_block(G[n], mesh, src)
+    with mr.TransferGroup(GROUP, mesh, workspace_bytes=workspace) as g:
+        text = g.explain()
+        fakecupy.reset()
+        got = g.run(blocks)
+    to_host = fakecupy.COUNTS["to_host"]
+    ok = all(_same(got[n], oracle.expected(G[n], [("x", P)], _lay(GROUP[n][3])[0], RANK))
+             for n in GROUP)
+    all_ok(COMM, ok, f"{name}, W={workspace}: device group results")
+    if P > 1:
+        all_ok(COMM, to_host > 0 if name == "staged" else to_host == 0,
+               f"{name}: {to_host} copies to the host")
+    if workspace is not None and P > 1:
+        all_ok(COMM, "alone" in text, f"the big item moves alone: {text}")

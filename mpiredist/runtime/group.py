@@ -53,7 +53,7 @@ from .context import Context
 from .exchange import Exchange, _index, _offsets
 from .failure import guard
 from .inputs import check_block, check_out, check_workspace
-from .transfer import _HOST, _native, _same_comm, _staged_context, gpu_aware
+from .transfer import _HOST, _native, _same_comm, _staged_context, agreed_kind, gpu_aware
 
 __all__ = ["TransferGroup"]
 
@@ -298,7 +298,15 @@ class TransferGroup:
             kind, natives, outs = self._inputs(blocks, out, rank)
         except (ValueError, MpiredistError) as exc:
             error = exc
-        agree(self._base, "TransferGroup.run", error, dict(self._identity, kind=str(kind)))
+        # on one mesh every rank holds blocks and the library is agreed with the
+        # rest; between meshes ranks outside the source mesh hold none and learn
+        # it after the agreement, as a Transfer between meshes does
+        cross = self._target_mesh != self._mesh
+        agree(self._base, "TransferGroup.run", error,
+              self._identity if cross else dict(self._identity, kind=str(kind)))
+        if cross:
+            holds = any(a is not None for a in [*natives, *outs])
+            kind = agreed_kind(self._base, repr(self), kind, holds)
         aware = kind.device and gpu_aware(self._base, repr(self))
         results = guard(self._base, repr(self), self._move, natives, outs, kind, aware)
         given = self._listed(out)

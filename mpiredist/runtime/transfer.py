@@ -769,19 +769,7 @@ class CrossTransfer(Transfer):
         return {}
 
     def _agreed_kind(self, kind, holds):
-        """The one library of the ranks that hold arrays (an allgather of its name,
-        after the agreement); ShapeError on every rank when they differ.  A rank
-        with no array takes that library (a host DLPack library: numpy)."""
-        names = self._base.allgather(str(kind) if holds else None)
-        found = sorted({n for n in names if n is not None})
-        if len(found) > 1:
-            first = {n: names.index(n) for n in found}
-            raise ShapeError(f"{self!r}: ranks pass arrays of different libraries: "
-                             + ", ".join(f"rank {r}: {n}" for n, r in sorted(
-                                 first.items(), key=lambda x: x[1])))
-        if not holds and found:
-            kind = _BY_NAME.get(found[0], kind)
-        return kind
+        return agreed_kind(self._base, repr(self), kind, holds)
 
     def _run_unchecked(self, local, out, records):
         given = out
@@ -811,6 +799,23 @@ class CrossTransfer(Transfer):
         self._ctx.free()
         if self._staged_exchange is not None:
             self._staged_exchange.free()
+
+
+def agreed_kind(base, what, kind, holds):
+    """Between meshes: the one library of the ranks that hold arrays (an
+    allgather of its name, after the agreement, collective); ShapeError on
+    every rank when they differ.  A rank with no array (``holds`` False)
+    takes that library (a host DLPack library: numpy)."""
+    names = base.allgather(str(kind) if holds else None)
+    found = sorted({n for n in names if n is not None})
+    if len(found) > 1:
+        first = {n: names.index(n) for n in found}
+        raise ShapeError(f"{what}: ranks pass arrays of different libraries: "
+                         + ", ".join(f"rank {r}: {n}" for n, r in sorted(
+                             first.items(), key=lambda x: x[1])))
+    if not holds and found:
+        kind = _BY_NAME.get(found[0], kind)
+    return kind
 
 
 def gpu_aware(base, what):

@@ -280,3 +280,20 @@ def test_group_of_device_arrays(mode, workspace):
                f"{name}: {to_host} copies to the host")
     if workspace is not None and P > 1:
         all_ok(COMM, "alone" in text, f"the big item moves alone: {text}")
+
+
+def test_group_between_meshes_device(mode):
+    """A weight sync of device arrays: the ranks outside the source mesh pass
+    None and get device arrays (the library learnt after the agreement)."""
+    name, comm = mode
+    if P < 2:
+        pytest.skip("needs 2 ranks")
+    src_mesh = mr.Mesh("t=1", ranks=[0], comm=comm)
+    dst_mesh = mr.Mesh(f"s={P - 1}", ranks=list(range(1, P)), comm=comm)
+    items = {"w": ((3 * P, 5), "f8", "[{}, {}]", "[{}, {s}]")}
+    G = oracle.global_array((3 * P, 5), np.dtype("f8"), np.random.default_rng(6))
+    with mr.TransferGroup(items, src_mesh, dst_mesh) as g:
+        got = g.run({"w": fakecupy.asarray(G)} if RANK == 0 else None)
+    ok = got["w"] is None if RANK == 0 else _same(
+        got["w"], oracle.expected(G, [("s", P - 1)], [[], ["s"]], RANK - 1))
+    all_ok(COMM, ok, f"{name}: device arrays on the inference ranks")

@@ -121,6 +121,36 @@ def test_between_meshes_tensor():
     all_ok(COMM, _same(got, want, "f4"), "a tensor on every rank, also outside the source")
 
 
+def test_weight_sync_group_of_tensors():
+    """A TransferGroup from training ranks to inference ranks with tensors: the
+    ranks outside the source mesh pass None and still get tensors (they
+    learn the library after the agreement; it raised MismatchError)."""
+    if P < 2:
+        pytest.skip("needs 2 ranks")
+    half = max(1, P // 2)
+    train = mr.Mesh(f"t={half}", ranks=list(range(half)))
+    serve = mr.Mesh(f"s={P - half}", ranks=list(range(half, P)))
+    items = {"w": ((4 * P + 1, 6), "float32", "[{t}, {}]", "[{}, {s}]"),
+             "b": ((6,), "bfloat16", "[{}]", "[{s}]")}
+    G = {"w": _global((4 * P + 1, 6), "f4", 6), "b": _global((6,), "bf16", 7)}
+    blocks = None
+    if RANK < half:
+        blocks = {"w": _tensor(oracle.source_blocks(G["w"], [("t", half)], [["t"], []], [],
+                                                    "sum")[RANK]),
+                  "b": _tensor(G["b"])}
+    got = mr.redistribute_many(blocks, {n: it[0] for n, it in items.items()}, train,
+                               {n: it[2] for n, it in items.items()},
+                               {n: it[3] for n, it in items.items()}, dst_mesh=serve)
+    if RANK < half:
+        ok = all(got[n] is None for n in items)
+    else:
+        me = RANK - half
+        ok = (_same(got["w"], oracle.expected(G["w"], [("s", P - half)], [[], ["s"]], me), "f4")
+              and _same(got["b"], oracle.expected(G["b"], [("s", P - half)], [["s"]], me),
+                        "bf16"))
+    all_ok(COMM, ok, "weight sync of tensors: tensors on the inference ranks, None elsewhere")
+
+
 def _parts(shape, dtype, seed):
     """Every rank's partial block (the same on all ranks: rank k's is parts[k])."""
     rng = np.random.default_rng(seed)

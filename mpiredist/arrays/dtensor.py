@@ -25,7 +25,7 @@ any data moves.
 
 import numpy as np
 
-from ..core.backend import as_dtype, backend_of
+from ..core.backend import as_dtype, backend_of, dtype_text
 from ..core.caches import PerObject, recent
 from ..core.errors import MpiredistError, ShapeError
 from ..core.layout import REDUCE_OPS
@@ -103,7 +103,7 @@ def redistribute(dtensor, placements, device_mesh=None, workspace_bytes=None):
             if dtensor.requires_grad:
                 raise ShapeError(f"rank {rank}: the DTensor requires grad; mpiredist moves "
                                  "values, not the autograd graph: pass x.detach()")
-            mine = (tuple(dtensor.shape), str(as_dtype(dtensor.dtype)),
+            mine = (tuple(dtensor.shape), dtype_text(dtensor.dtype),
                     _mesh_info(dtensor.device_mesh), placement_kinds(dtensor.placements))
             call = _Call(rank, mine, dtensor, placements, device_mesh, workspace_bytes)
     except (ValueError, MpiredistError) as exc:
@@ -144,7 +144,6 @@ class _Call:
     from the arguments; ``same`` is what every rank must agree on."""
 
     def __init__(self, rank, source, dtensor, placements, device_mesh, workspace):
-        import torch
         shape, dtype_name, src_info, src_key = source
         dst_mesh = device_mesh if device_mesh is not None else (
             dtensor.device_mesh if dtensor is not None else None)
@@ -172,8 +171,7 @@ class _Call:
             raise ShapeError("mr.torch.redistribute moves CPU DTensors (gloo); CUDA "
                              "DTensors: not yet")
         self.shape, self.dst_mesh, self.placements = shape, dst_mesh, placements
-        self.dtype = as_dtype(torch.bfloat16) if dtype_name == "bfloat16" \
-            else np.dtype(dtype_name)
+        self.dtype = as_dtype(dtype_name)
         self.src_info, self.src_key, self.dst_info, self.dst_key = (src_info, src_key,
                                                                     dst_info, dst_key)
         self.keep, self.op = keep, ops.pop() if ops else "sum"

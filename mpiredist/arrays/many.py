@@ -7,7 +7,7 @@ the :class:`~mpiredist.TransferGroup` once and call its ``run``: the group's
 pieces and buckets are computed when it is made.
 """
 
-from ..core.backend import as_dtype, dtype_of
+from ..core.backend import dtype_of, dtype_text
 from ..core.errors import ShapeError
 from ..core.layout import Layout
 from ..runtime.agree import check_together
@@ -46,7 +46,7 @@ def redistribute_many(blocks, shapes, mesh, src, dst, dst_mesh=None, workspace_b
         return None, dict(names=names)
 
     mesh, _ = check_together("redistribute_many", mesh, body)
-    mine = {} if blocks is None else {n: _sent(dtype_of(b)) for n, b in blocks.items()
+    mine = {} if blocks is None else {n: dtype_text(dtype_of(b)) for n, b in blocks.items()
                                       if b is not None and n in shapes}
     dtypes = {}
     for theirs in base_comm(mesh).allgather(mine):
@@ -55,13 +55,6 @@ def redistribute_many(blocks, shapes, mesh, src, dst, dst_mesh=None, workspace_b
     items = {n: (shapes[n], dtypes.get(n, "u1"), srcs[n], dsts[n]) for n in names}
     with TransferGroup(items, mesh, dst_mesh, workspace_bytes) as group:
         return group.run(blocks)
-
-
-def _sent(dtype):
-    """``dtype`` as text that another rank reads back as the same dtype: its
-    ``str`` (byte order included), or its name where the ``str`` does not
-    say it (bfloat16 is ``'<V2'``, a void of two bytes)."""
-    return dtype.str if as_dtype(dtype.str) == dtype else dtype.name
 
 
 def redistribute_tree(arrays, dst, mesh=None, workspace_bytes=None):

@@ -39,9 +39,9 @@ import numpy as np
 
 from .errors import ShapeError
 
-__all__ = ["Backend", "backend_of", "as_dtype", "dtype_of", "array_module", "is_gpu",
-           "synchronize", "cupy_or_error", "c_contiguous", "copy_into", "on_device_of",
-           "KINDS"]
+__all__ = ["Backend", "backend_of", "as_dtype", "dtype_of", "dtype_text", "array_module",
+           "is_gpu", "synchronize", "cupy_or_error", "c_contiguous", "copy_into",
+           "on_device_of", "KINDS"]
 
 # every backend name, in the order errors list them
 KINDS = ("numpy", "torch", "cupy", "cuda", "dlpack")
@@ -146,10 +146,21 @@ def _from_torch_dtype(d):
 
 def as_dtype(d):
     """A numpy dtype from a numpy or torch dtype (``torch.bfloat16``:
-    ``ml_dtypes.bfloat16``) or anything ``numpy.dtype`` takes."""
+    ``ml_dtypes.bfloat16``), the text ``"bfloat16"`` (ml_dtypes imported on
+    demand) or anything ``numpy.dtype`` takes."""
     if _is_torch_dtype(d):
         return _from_torch_dtype(d)
+    if isinstance(d, str) and d == "bfloat16":
+        return _bfloat16()
     return np.dtype(d)
+
+
+def dtype_text(dtype):
+    """``dtype`` as text that :func:`as_dtype` reads back as the same dtype on
+    any rank: its ``str`` (byte order included), or its name where the
+    ``str`` does not say it (bfloat16's is ``'<V2'``, two bytes of void)."""
+    dtype = as_dtype(dtype)
+    return dtype.str if np.dtype(dtype.str) == dtype else dtype.name
 
 
 def dtype_of(array):

@@ -12,7 +12,7 @@ import pytest
 from mpiredist.bench import report, runner
 from mpiredist.bench.__main__ import main
 from mpiredist.bench.cases import load_cases
-from mpiredist.bench.memory import traced_peak, tracing
+from mpiredist.bench.memory import settled, traced_peak, tracing
 from mpiredist.core.layout import Layout
 from mpiredist.core.mesh import Mesh
 
@@ -247,6 +247,28 @@ def test_realloc_counts_the_growth_only_for_blocks_allocated_while_tracing():
             early.resize(3 * mib, refcheck=False)
     assert 2 * mib <= grown.bytes < 2 * mib + (1 << 16)
     assert unknown.bytes >= 3 * mib               # why the runner traces first
+
+
+def test_settled_collections_skip_what_existed_and_still_free_new_cycles():
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    old = Node()
+    old.me = old                                   # a live cycle made before
+    with settled():
+        assert gc.get_freeze_count() > 0           # what existed is frozen
+        assert not any(o is old for o in gc.get_objects())
+        new = Node()
+        new.me = new                               # garbage made inside
+        gone = weakref.ref(new)
+        del new
+        gc.collect()
+        assert gone() is None                      # still collected
+    assert gc.get_freeze_count() == 0
+    assert any(o is old for o in gc.get_objects())
 
 
 @pytest.mark.parametrize("ranks", range(1, 17))

@@ -56,7 +56,7 @@ from ..core.errors import MeshError, MpiredistError, PlanError
 from ..core.mesh import Mesh
 from ..core.subaxes import expand, prime_factors, rank_digits
 from .cases import Case, load_cases, scaled
-from .memory import rss_peak, traced_peak, tracing
+from .memory import rss_peak, settled, traced_peak, tracing
 from ..planning.model import predict
 from ..planning.profile import current
 from .model import grow_mesh
@@ -637,12 +637,13 @@ def run_suite(entries, strategies, repeats, dtype, comm, seed=0, progress=None):
     that do not apply to a case (e.g. ``xla`` on a mapped mesh).
     """
     records, skipped = [], []
-    for entry in entries:
-        recs, skip = run_case(entry, strategies, repeats, dtype, comm, seed, progress)
-        records.extend(recs)
-        for s, why in skip.items():
-            skipped.append({"case": entry.case.id, "label": entry.label, "strategy": s,
-                            "reason": why})
-            if progress is not None:
-                progress.skip(repeats + 3)
+    with settled():
+        for entry in entries:
+            recs, skip = run_case(entry, strategies, repeats, dtype, comm, seed, progress)
+            records.extend(recs)
+            for s, why in skip.items():
+                skipped.append({"case": entry.case.id, "label": entry.label, "strategy": s,
+                                "reason": why})
+                if progress is not None:
+                    progress.skip(repeats + 3)
     return records, skipped

@@ -191,7 +191,9 @@ run_counted() {
 set_route() {
     local route="$1" ppn="$2" n=$((2 * $2)) yield
     yield="$(mpi_oversubscription_env "$n")"
-    # shellcheck disable=SC2206,SC2054  # $yield: none or one word; hosts: one argument
+    # both libraries' yield settings when the ranks outnumber the cores, which
+    # the simulated nodes share (scripts/common.sh)
+    # shellcheck disable=SC2206,SC2054  # $yield: VAR=value words; hosts: one argument
     case "$route" in
     "mpich hydra")
         RUN_ENV=("PATH=$VENV/bin:$BASE_PATH" "VIRTUAL_ENV=$VENV" $yield)
@@ -201,12 +203,12 @@ set_route() {
         RUN_ENV=("PATH=$VENV/bin:$BASE_PATH" "VIRTUAL_ENV=$VENV" $yield "${SRUN_MPICH_ENV[@]}")
         RUN_LAUNCH=(srun --mpi=pmi2 -N 2 --ntasks-per-node="$ppn") ;;
     "openmpi mpirun")
-        RUN_ENV=("${OMPI_ENV[@]}")
+        RUN_ENV=("${OMPI_ENV[@]}" $yield)
         RUN_LAUNCH=("$OMPI_RUN" --oversubscribe --hostfile "$CLUSTER_STATE/hostfile" --map-by "ppr:$ppn:node"
                     --prtemca plm_ssh_agent "$CLUSTER_STATE/bin/node-ssh" --prtemca oob_tcp_if_include "$NET"
                     --mca btl_tcp_if_include "$NET" -n "$n") ;;
     "openmpi srun pmix")
-        RUN_ENV=("${OMPI_ENV[@]}" "OMPI_MCA_btl_tcp_if_include=$NET")
+        RUN_ENV=("${OMPI_ENV[@]}" $yield "OMPI_MCA_btl_tcp_if_include=$NET")
         RUN_LAUNCH=(srun --mpi=pmix -N 2 --ntasks-per-node="$ppn") ;;
     *) die "no route '$route'" ;;
     esac

@@ -26,8 +26,10 @@ through host rings (made on its first such run).
 
 Memory (this rank): the target blocks it allocates (sum of T_i), plus the
 buckets' send and receive buffer (one, at most the pack room, within W;
-kept between runs, as a Transfer keeps its buffers, until :meth:`free`),
-plus the Python objects of the pieces; the sources are read in place.
+kept between runs, as a Transfer keeps its buffers, until :meth:`free`,
+with each piece's typed view of it, made on the first run that uses that
+buffer), plus the Python objects of the pieces; the sources are read in
+place.
 That is within the bound sum_i max(S_i, T_i) + W, which the tests measure.
 
 Partial sums combine on the receiving rank in a fixed order: the first
@@ -158,6 +160,7 @@ class TransferGroup:
         self._buckets, self._alone = self._schedule()
         self._layouts = []      # per bucket: its messages, made on the first run
         self._buffer = None     # the buckets' send and receive bytes, kept between runs
+        self._views = None      # per bucket: its pieces' views of that buffer
         self._staged = {}       # item index -> its exchange staged through host memory
         self._identity = dict(group=fingerprint(mesh, target, self._workspace,
                                                 *[(i.name, i.shape, i.dtype, i.src, i.dst)
@@ -266,7 +269,7 @@ class TransferGroup:
         communication)."""
         if not self._freed:
             self._freed = True
-            self._buffer = None
+            self._buffer = self._views = None
             for ex in self._staged.values():
                 ex.free()
             self._staged.clear()
@@ -445,25 +448,30 @@ class TransferGroup:
         if self._buffer is None or array_module(self._buffer) is not xp:
             # one buffer for every bucket, kept between runs (at most the pack
             # room, within W): a fresh one faulted its pages in on every run
-            self._buffer = None
+            self._buffer = self._views = None
             self._buffer = xp.empty(max(x[2][5] for x in self._layouts), np.uint8)
+            self._views = [None] * len(self._layouts)
         out, back = self._buffer[:split], self._buffer[split:size]
-        for k, index, at, dtype, shape in packs:
-            slot = out[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+        if self._views[b] is None:
+            # each piece's typed view of the buffer, made once per buffer: a
+            # run then pays one index per piece on each side, not four
+            self._views[b] = (
+                [_typed(out, at, dtype, shape) for _, _, at, dtype, shape in packs],
+                [None if at is None else _typed(back, at, self._items[k].dtype, shape)
+                 for k, _, at, _, _, shape in applies])
+        slots, received = self._views[b]
+        for (k, index, _, _, _), slot in zip(packs, slots):
             copy_into(slot, natives[k][index])      # host or device, either way
         synchronize(out)
         B = self._base_byte()
         self.calls += 1
         self._comm.Alltoallv([out, send_counts, send_at, B], [back, recv_counts, recv_at, B])
-        for k, index, at, own, combine, shape in applies:
+        for (k, index, _, own, combine, _), value in zip(applies, received):
             target = targets[k]
             if target is None:
                 continue
             if own is not None:
                 value = natives[k][own]
-            else:
-                dtype = target.dtype
-                value = back[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
             view = target[index]
             if combine:
                 self._items[k].exchange.reducer(view, on_device_of(view, value), out=view)
@@ -512,6 +520,11 @@ def _pack_need(sources, targets):
                 received[q] += n
                 sent[x.peer] += n
     return int((sent + received).max(initial=0))
+
+
+def _typed(buffer, at, dtype, shape):
+    """The bytes of ``buffer`` from ``at`` as an array of ``dtype`` and ``shape``."""
+    return buffer[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
 
 
 def _padded(nbytes):

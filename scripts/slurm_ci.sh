@@ -48,9 +48,9 @@ case "$VENV" in /*) ;; *) VENV="$REPO/$VENV" ;; esac
 # trap ran can be cleaned up by the next run (by PID, name checked).
 PIDFILE="${TMPDIR:-/tmp}/mpiredist-slurm-ci.pids"
 
-log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+# log, now, since and the yield settings (mpi_oversubscription_env)
+# shellcheck source=scripts/common.sh
+source scripts/common.sh
 die() { log "FAILED: $*"; exit 1; }
 
 T_ALL="$(now)"
@@ -349,10 +349,10 @@ export MPIREDIST_BENCH_JSON="$T/bench.json"
 # The resident-set memory test needs these from process start (README: Memory).
 export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-131072}"
 export NUMPY_MADVISE_HUGEPAGE="${NUMPY_MADVISE_HUGEPAGE:-0}"
-# More ranks than cores: MPICH must not busy-poll (see scripts/common.sh).
-if [ "$NTASKS" -gt "$(nproc)" ] && [ -z "${MPIR_CVAR_ENABLE_HEAVY_YIELD+x}" ]; then
-    export MPIR_CVAR_ENABLE_HEAVY_YIELD=1
-fi
+# More ranks than cores: the MPI must not busy-poll (scripts/common.sh).
+for setting in $(mpi_oversubscription_env "$NTASKS"); do
+    export "${setting?}"
+done
 SBATCH_OVERRIDES=(--export=ALL --nodes=1 --ntasks-per-node="$NTASKS")
 
 # submit NAME TIMEOUT TIME_LIMIT TEMPLATE [ARGS...]: sbatch --wait from the

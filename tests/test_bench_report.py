@@ -269,6 +269,14 @@ def test_settled_collections_skip_what_existed_and_still_free_new_cycles():
         assert gone() is None                      # still collected
     assert gc.get_freeze_count() == 0
     assert any(o is old for o in gc.get_objects())
+    gc.freeze()                                    # frozen by the process itself
+    try:
+        frozen = gc.get_freeze_count()
+        with settled():
+            pass
+        assert gc.get_freeze_count() == frozen     # left as it was
+    finally:
+        gc.unfreeze()
 
 
 @pytest.mark.parametrize("ranks", range(1, 17))

@@ -155,9 +155,14 @@ def settled():
     ``gc.collect``) that costs more than the runs measured.  Objects that
     existed before the block are not the runs' garbage: frozen
     (:func:`gc.freeze`), collections inside the block skip them.  They are
-    unfrozen on exit.
+    unfrozen on exit.  A process that froze objects itself (``gc.freeze`` at
+    start-up, as forking servers do) is left as it was: its objects stay
+    frozen, and nothing else is frozen.
     """
     gc.collect()
+    if gc.get_freeze_count():
+        yield
+        return
     gc.freeze()
     try:
         yield

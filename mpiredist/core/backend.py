@@ -33,13 +33,14 @@ autograd graph (pass ``t.detach()``).  CuPy is imported here and nowhere
 else; torch and ml_dtypes only when an array of theirs is seen.
 """
 
+import math
 import sys
 
 import numpy as np
 
 from .errors import ShapeError
 
-__all__ = ["Backend", "backend_of", "as_dtype", "dtype_of", "dtype_text", "array_module",
+__all__ = ["Backend", "backend_of", "as_dtype", "dtype_of", "dtype_text", "array_module", "bytes_as",
            "is_gpu", "synchronize", "cupy_or_error", "c_contiguous", "copy_into",
            "on_device_of", "KINDS"]
 
@@ -79,6 +80,13 @@ def synchronize(array):
     """Wait for pending GPU work on ``array`` before MPI reads or writes it."""
     if is_gpu(array):
         cupy_or_error().cuda.get_current_stream().synchronize()
+
+
+def bytes_as(buffer, at, dtype, shape):
+    """The bytes of the 1-D byte ``buffer`` (host or device) from ``at`` as an
+    array of ``dtype`` and ``shape``: a view, no copy."""
+    dtype = np.dtype(dtype)
+    return buffer[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
 
 
 def copy_into(dst, src):

@@ -41,7 +41,8 @@ import math
 
 import numpy as np
 
-from ..core.backend import array_module, copy_into, cupy_or_error, on_device_of, synchronize
+from ..core.backend import (array_module, bytes_as, copy_into, cupy_or_error, on_device_of,
+                            synchronize)
 from ..core.blocks import box_size
 from ..core.errors import MpiredistError, PlanError, ShapeError
 from ..core.mesh import Mesh
@@ -456,8 +457,8 @@ class TransferGroup:
             # each piece's typed view of the buffer, made once per buffer: a
             # run then pays one index per piece on each side, not four
             self._views[b] = (
-                [_typed(out, at, dtype, shape) for _, _, at, dtype, shape in packs],
-                [None if at is None else _typed(back, at, self._items[k].dtype, shape)
+                [bytes_as(out, at, dtype, shape) for _, _, at, dtype, shape in packs],
+                [None if at is None else bytes_as(back, at, self._items[k].dtype, shape)
                  for k, _, at, _, _, shape in applies])
         slots, received = self._views[b]
         for (k, index, _, _, _), slot in zip(packs, slots):
@@ -520,11 +521,6 @@ def _pack_need(sources, targets):
                 received[q] += n
                 sent[x.peer] += n
     return int((sent + received).max(initial=0))
-
-
-def _typed(buffer, at, dtype, shape):
-    """The bytes of ``buffer`` from ``at`` as an array of ``dtype`` and ``shape``."""
-    return buffer[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
 
 
 def _padded(nbytes):

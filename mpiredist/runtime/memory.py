@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from ..core.backend import c_contiguous
+from ..core.backend import bytes_as, c_contiguous
 from ..core.blocks import contiguous_box, flat_offset, rank_block
 from ..planning.budget import (MARGIN, buffer_bytes, contract_limit, frame_shape,
                                fresh_buffer_fits, reduction_room)
@@ -262,10 +262,10 @@ class OneBuffer:
             return self.owner.reshape(self.shape)
         if self.owner is not None:              # a view of the donated memory
             buf, self.buf = self.buf, None
-            return buf[:n].view(self.plan.dtype).reshape(self.shape)
+            return bytes_as(buf, 0, self.plan.dtype, self.shape)
         buf, self.buf = self.buf, None
         if buf.base is not None:            # a buffer kept by the Transfer: never resized
-            return buf[:n].view(self.plan.dtype).reshape(self.shape).copy()
+            return bytes_as(buf, 0, self.plan.dtype, self.shape).copy()
         buf.resize(n, refcheck=False)      # realloc: shrinks without a copy
         return buf.view(self.plan.dtype).reshape(self.shape)
 
@@ -273,13 +273,11 @@ class OneBuffer:
 
     def typed(self, shape):
         """The front ``prod(shape)`` elements of the buffer as an array of ``shape``."""
-        n = math.prod(shape) * self.itemsize
-        return self.buf[:n].view(self.plan.dtype).reshape(shape)
+        return bytes_as(self.buf, 0, self.plan.dtype, shape)
 
     def typed_at(self, shape):
         """The block at the current offset as an array of ``shape``."""
-        n = math.prod(shape) * self.itemsize
-        return self.buf[self.offset:self.offset + n].view(self.plan.dtype).reshape(shape)
+        return bytes_as(self.buf, self.offset, self.plan.dtype, shape)
 
     def block(self, layout, digits=None):
         return rank_block(self.plan.global_shape, layout, digits or self.ctx.mc.digits)

@@ -13,6 +13,8 @@
 # (default "2 4") and MPIREDIST_GPU_SCALE (default 64) change what runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=common.sh
+source scripts/common.sh     # mpi_oversubscription_env: yield when ranks outnumber cores
 PY=${PYTHON:-python3}
 FAKE=()
 if [[ "${1:-}" == "--fake" ]]; then
@@ -22,10 +24,11 @@ elif [[ -n "${1:-}" ]]; then
 fi
 MPIEXEC=$(dirname "$(command -v "$PY")")/mpiexec
 [[ -x "$MPIEXEC" ]] || MPIEXEC=$(command -v mpiexec) || { echo "no mpiexec" >&2; exit 2; }
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" MPIR_CVAR_ENABLE_HEAVY_YIELD=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 rc=0
 for n in ${MPIREDIST_GPU_RANKS:-2 4}; do
-    timeout 120 "$MPIEXEC" -n "$n" "$PY" scripts/gpu_check.py "${FAKE[@]}" \
-        --scale "${MPIREDIST_GPU_SCALE:-64}" || rc=1
+    # shellcheck disable=SC2046  # VAR=value words
+    env $(mpi_oversubscription_env "$n") timeout 120 "$MPIEXEC" -n "$n" "$PY" \
+        scripts/gpu_check.py "${FAKE[@]}" --scale "${MPIREDIST_GPU_SCALE:-64}" || rc=1
 done
 exit $rc

@@ -24,6 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpiredist as mr
+from mpiredist.runtime.failure import delivered
 
 
 def limited(comm):
@@ -62,6 +63,7 @@ def main(mode):
             t.run(block)
         except Exception as exc:  # noqa: BLE001 - MPIREDIST_ON_FAILURE=raise
             print(f"rank {comm.rank} caught {type(exc).__name__}: {exc}", flush=True)
+            delivered(sys.stdout)       # else the launcher may drop it (see mpiredist)
             comm.Abort(3)
     if mode == "finalize":
         cached = mr.redistribute(block, shape, mr.Mesh({"x": P}), "[{x}, {}]", "[{}, {x}]")

@@ -8,28 +8,20 @@ the test launches the job itself and skips, saying why, without a launcher.
 """
 
 import json
-import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from jobs import MPIEXEC, ROOT, job_env
 
-ROOT = Path(__file__).resolve().parents[1]
 PROBE = ROOT / "tests" / "first_call.py"
-LAUNCHER = shutil.which("mpiexec", path=os.pathsep.join(
-    [str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 
 
-@pytest.mark.skipif(LAUNCHER is None, reason="no mpiexec next to this Python or on PATH")
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec next to this Python or on PATH")
 @pytest.mark.parametrize("route", ["redistribute", "transfer", "distarray", "between"])
 def test_first_call_within_the_bound(route):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    if os.cpu_count() < 4:
-        env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
-    done = subprocess.run([LAUNCHER, "-n", "4", sys.executable, str(PROBE), route],
+    env = job_env(4)
+    done = subprocess.run([MPIEXEC, "-n", "4", sys.executable, str(PROBE), route],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])

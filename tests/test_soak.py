@@ -5,14 +5,12 @@ launches a job of its own (as ``tests/test_failure.py`` does).
 """
 
 import math
-import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from jobs import MPIEXEC, ROOT, job_env
 
 from mpiredist.bench import soak
 from mpiredist.core.blocks import rank_block
@@ -130,9 +128,6 @@ def test_cases_cover_the_space():
             assert np.dtype(c.dtype).kind != "c" or s.op in ("sum", "prod") or not s.partial
 
 
-ROOT = Path(__file__).resolve().parents[1]
-_MPIEXEC = shutil.which("mpiexec", path=os.pathsep.join(
-    [str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 # The soak frees its sub-communicators at the end; mpiredist's delete callback
 # then frees what it cached on them.  Three soaks in one 5-rank job.
 _FREE_JOB = """
@@ -144,14 +139,12 @@ print("freed", MPI.COMM_WORLD.rank, flush=True)
 """
 
 
-@pytest.mark.skipif(_MPIEXEC is None, reason="no mpiexec next to this Python or on PATH")
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec next to this Python or on PATH")
 # Regression: freeing a communicator whose topology mpiredist had found
 # segfaulted under MPICH when that used mpi4py's object allreduce (cc857c7).
 def test_freeing_the_soaks_communicators_does_not_crash():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
-    done = subprocess.run([_MPIEXEC, "-n", "5", sys.executable, "-c", _FREE_JOB], cwd=ROOT,
+    env = job_env(5)
+    done = subprocess.run([MPIEXEC, "-n", "5", sys.executable, "-c", _FREE_JOB], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=240)
     out = done.stdout + done.stderr
     assert done.returncode == 0 and out.count("freed") == 5, out[-3000:]

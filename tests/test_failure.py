@@ -20,7 +20,6 @@ import os
 import shlex
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -211,30 +210,3 @@ def test_in_a_cgroup_every_rank_raises_memory_budget_error():
             except OSError:
                 time.sleep(0.1)
 
-
-def test_delivered_waits_until_the_pipe_is_read():
-    from mpiredist.runtime.failure import delivered
-    read, write = os.pipe()
-    with os.fdopen(write, "w") as stream:
-        stream.write("x" * 100)
-        stream.flush()
-        t0 = time.monotonic()
-        assert delivered(stream, wait=0.2) is False         # nobody reads: gives up
-        assert 0.2 <= time.monotonic() - t0 < 2
-        timer = threading.Timer(0.3, os.read, (read, 1000))
-        timer.start()
-        t0 = time.monotonic()
-        assert delivered(stream, wait=5) is True            # returns once it was read
-        assert 0.25 <= time.monotonic() - t0 < 4
-        timer.join()
-    os.close(read)
-
-
-def test_delivered_does_not_wait_on_a_file(tmp_path):
-    from mpiredist.runtime.failure import delivered
-    with open(tmp_path / "log", "w") as stream:
-        stream.write("x" * 100)
-        stream.flush()
-        t0 = time.monotonic()
-        assert delivered(stream, wait=5) is True
-        assert time.monotonic() - t0 < 1

@@ -54,6 +54,8 @@ def main(mode):
     shape = (64 * P, 256)
     t = mr.Transfer(shape, "float32", mr.Mesh({"x": P}), "[{x}, {}]", "[{}, {x}]")
     block = np.ones(t.source_shape, np.float32)
+    if mode == "fault":
+        print(f"rank {comm.rank} starts")     # not flushed: block-buffered in a pipe
     for i in range(20):
         if mode == "sigkill" and i == 5 and comm.rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -107,12 +107,14 @@ def _job(mode, python_args=(), once_more=False, **env):
 @pytest.mark.parametrize("kind, name", [("error", "RuntimeError"), ("memory", "MemoryError"),
                                         ("interrupt", "KeyboardInterrupt")])
 def test_a_fault_inside_a_run_aborts_the_job_naming_the_rank_and_step(kind, name):
-    seconds, status, out = _job("fault", MPIREDIST_FAULT=f"2:0:{kind}:5")
+    # PYTHONUNBUFFERED empty: the ranks' stdout block-buffered, as without a terminal
+    seconds, status, out = _job("fault", MPIREDIST_FAULT=f"2:0:{kind}:5", PYTHONUNBUFFERED="")
     assert status != 0, out[-3000:]
     assert seconds < LIMIT, f"the job took {seconds:.0f} s to end"
     assert "mpiredist: rank 2 of 4 failed in" in out and "step 0 (all_to_all" in out, out[-3000:]
     assert name in out and "done" not in out
     assert "caught" not in out          # no code of the program ran after the abort
+    assert "rank 2 starts" in out       # its own output, unflushed, was flushed
 
 
 def test_a_rank_killed_with_sigkill_ends_the_job():

@@ -6,7 +6,8 @@ exception on one rank (an MPI error, a ``MemoryError`` while packing, a
 ``KeyboardInterrupt``, a bug) would leave the others waiting forever.  So
 :func:`guard` catches any exception escaping such a run, writes one message
 to stderr naming the rank, the call, the step and the exception (with its
-traceback), waits until the launcher has read it, and calls ``MPI_Abort`` on
+traceback), flushes stdout and stderr and waits until the launcher has read
+them, and calls ``MPI_Abort`` on
 the communicator: the launcher then ends the whole job (``mpiexec``,
 ``mpirun``; under Slurm also with ``srun --kill-on-bad-exit``), as ``python
 -m mpi4py`` does for an uncaught exception.  The rank never returns to the
@@ -64,8 +65,9 @@ def guard(comm, what, run, *args):
 
 
 def abort(comm, what, exc, code=1):
-    """Write what failed where, wait (at most 2 s) until the launcher has read it
-    (:func:`delivered`), then ``MPI_Abort`` on ``comm``; never returns."""
+    """Write what failed where, flush stdout and stderr and wait (at most 2 s in
+    all) until the launcher has read them (:func:`delivered`), then ``MPI_Abort``
+    on ``comm``; never returns."""
     rank, size = comm.Get_rank(), comm.Get_size()
     step = _where(exc)
     where = f", step {step}" if step else ""
@@ -74,12 +76,17 @@ def abort(comm, what, exc, code=1):
                      f"started to move: {type(exc).__name__}: {exc}\n{lines}"
                      f"mpiredist: aborting the job so that no rank waits for rank {rank} "
                      f"({ENV}=raise keeps the exception instead)\n")
-    sys.stderr.flush()
-    delivered(sys.stderr)
+    deadline = time.monotonic() + 2.0
+    for stream in (sys.stdout, sys.stderr):     # the program's own output too: a pipe's
+        try:                                    # is block-buffered, and the abort ends
+            stream.flush()                      # the process without flushing it
+            delivered(stream, deadline - time.monotonic())
+        except (OSError, ValueError, AttributeError):   # closed, or replaced by None
+            pass
     comm.Abort(code)
-    # MPICH 5's MPI_Abort returns once it has told the launcher (11 of 46 4-rank
-    # jobs here went on running Python until the launcher's kill): end this rank
-    # now, so that no user code runs after the job was aborted.
+    # MPICH 5's MPI_Abort can return once it has told the launcher (in 19 of 36
+    # aborted 4-rank jobs here Python ran on until the launcher's kill): end this
+    # rank now, so that no code of the program runs after the job was aborted.
     os._exit(code)
 
 

@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Helpers sourced by scripts/test.sh and scripts/bench.sh; not run directly.
+# Helpers sourced by the scripts in this folder (test.sh, bench.sh, cluster.sh,
+# cluster_ci.sh, slurm_ci.sh, gpu_check.sh); not run directly.
 #
 # Environment knobs (all optional):
 #   PYTHON                 interpreter that creates the venv (default python3)

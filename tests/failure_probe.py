@@ -64,8 +64,8 @@ def main(mode):
         try:
             t.run(block)
         except Exception as exc:  # noqa: BLE001 - MPIREDIST_ON_FAILURE=raise
-            print(f"rank {comm.rank} caught {type(exc).__name__}: {exc}", flush=True)
-            delivered(sys.stdout)       # else the launcher may drop it (see mpiredist)
+            print(f"rank {comm.rank} caught {type(exc).__name__}: {exc}")
+            delivered(sys.stdout)       # flushed and read, else the launcher may drop it
             comm.Abort(3)
     if mode == "finalize":
         cached = mr.redistribute(block, shape, mr.Mesh({"x": P}), "[{x}, {}]", "[{}, {x}]")

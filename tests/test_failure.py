@@ -30,6 +30,8 @@ PROBE = str(ROOT / "tests" / "failure_probe.py")
 LAUNCHER = shlex.split(os.environ.get("MPIREDIST_FAILURE_LAUNCHER", "")) or (
     [MPIEXEC] if MPIEXEC else None)
 LIMIT = 30          # seconds a failed job may take to end
+COUNT = None if LAUNCHER is None else (
+    ["--ntasks=4"] if "srun" in Path(LAUNCHER[0]).name else ["-n", "4"])
 
 pytestmark = pytest.mark.skipif(LAUNCHER is None,
                                 reason="no mpiexec next to this Python or on PATH")
@@ -86,12 +88,11 @@ def _job(mode, python_args=(), once_more=False, **env):
     failed with no output once more.
     """
     environ = job_env(4, **env)
-    count = ["-n", "4"] if "srun" not in Path(LAUNCHER[0]).name else ["--ntasks=4"]
     for attempt in range(2 if once_more else 1):
         before = _segments()
         t0 = time.monotonic()
         try:
-            done = subprocess.run([*LAUNCHER, *count, sys.executable, *python_args, PROBE,
+            done = subprocess.run([*LAUNCHER, *COUNT, sys.executable, *python_args, PROBE,
                                    mode], capture_output=True, text=True, env=environ,
                                   cwd=ROOT, timeout=LIMIT + 60)
         finally:
@@ -190,9 +191,8 @@ def test_in_a_cgroup_every_rank_raises_memory_budget_error():
         # 4 ranks of about 230 MiB each (a 160 MiB block): some 100 MiB left each
         limit.write_text(str(1280 << 20))
         environ = job_env(4)
-        count = ["-n", "4"] if "srun" not in Path(LAUNCHER[0]).name else ["--ntasks=4"]
         script = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
-        done = subprocess.run(["bash", "-c", script, str(group), *LAUNCHER, *count,
+        done = subprocess.run(["bash", "-c", script, str(group), *LAUNCHER, *COUNT,
                                sys.executable, PROBE, "limited"], capture_output=True,
                               text=True, env=environ, cwd=ROOT, timeout=LIMIT + 60)
         out = done.stdout + done.stderr
@@ -211,4 +211,3 @@ def test_in_a_cgroup_every_rank_raises_memory_budget_error():
                 break
             except OSError:
                 time.sleep(0.1)
-

@@ -38,6 +38,7 @@ __all__ = ["ENV", "FAULT_ENV", "on_failure", "guard", "abort", "delivered", "abo
 
 ENV = "MPIREDIST_ON_FAILURE"
 FAULT_ENV = "MPIREDIST_FAULT"
+WAIT = 2.0          # seconds an aborting rank waits at most for its output to be read
 _KINDS = {"error": RuntimeError, "memory": MemoryError, "interrupt": KeyboardInterrupt}
 
 
@@ -76,13 +77,11 @@ def abort(comm, what, exc, code=1):
                      f"started to move: {type(exc).__name__}: {exc}\n{lines}"
                      f"mpiredist: aborting the job so that no rank waits for rank {rank} "
                      f"({ENV}=raise keeps the exception instead)\n")
-    deadline = time.monotonic() + 2.0
-    for stream in (sys.stdout, sys.stderr):     # the program's own output too: a pipe's
-        try:                                    # is block-buffered, and the abort ends
-            stream.flush()                      # the process without flushing it
-            delivered(stream, deadline - time.monotonic())
-        except (OSError, ValueError, AttributeError):   # closed, or replaced by None
-            pass
+    # the program's own output too: a pipe's stdout is block-buffered, and the
+    # abort ends the process without flushing it
+    deadline = time.monotonic() + WAIT
+    for stream in (sys.stdout, sys.stderr):
+        delivered(stream, deadline - time.monotonic())
     comm.Abort(code)
     # MPICH 5's MPI_Abort can return once it has told the launcher (in 19 of 36
     # aborted 4-rank jobs here Python ran on until the launcher's kill): end this
@@ -90,9 +89,10 @@ def abort(comm, what, exc, code=1):
     os._exit(code)
 
 
-def delivered(stream, wait=2.0):
-    """Wait until the reader of ``stream`` has taken what was written to it,
-    at most ``wait`` seconds; True if it has (or nothing can tell).
+def delivered(stream, wait=WAIT):
+    """Flush ``stream``, then wait until its reader has taken what was written
+    to it, at most ``wait`` seconds; True if it has (or nothing can tell: a
+    closed stream, or None where a program replaced it).
 
     A launcher reads each rank's stderr from a pipe (``mpiexec``'s proxy,
     ``srun``'s step daemon).  When a rank calls ``MPI_Abort`` the launcher kills
@@ -102,6 +102,7 @@ def delivered(stream, wait=2.0):
     (``FIONREAD``); anything but a pipe (a terminal, a file) is not waited for.
     """
     try:
+        stream.flush()
         fd = stream.fileno()
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
             return True

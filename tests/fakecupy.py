@@ -18,6 +18,13 @@ takes a C-contiguous numpy ``out=`` and ``set`` needs a contiguous array.
 
 :class:`CudaObject` is a device array of no known library (as a Numba
 device array is): only ``__cuda_array_interface__``, no buffer protocol.
+
+Like CuPy, it has no bfloat16 (nor any other numpy dtype of kind ``V``):
+making or viewing a device array of one raises TypeError.
+:func:`torch_cuda` fakes a torch CUDA tensor over a CPU tensor's memory
+(its ``device`` says ``cuda``; DLPack hands out the host memory), so that
+the torch device paths run too; a tensor made from a device array
+(``torch.from_dlpack``) is a CPU tensor again.
 """
 
 import collections
@@ -34,8 +41,22 @@ def reset():
     COUNTS.clear()
 
 
+def _refuse(dtype):
+    if np.dtype(dtype).kind == "V":
+        raise TypeError(f"Unsupported dtype {np.dtype(dtype)}")      # as CuPy: no bfloat16
+
+
 class ndarray(np.ndarray):
     """Device memory, faked: a numpy array that says it is a CuPy array."""
+
+    def __array_finalize__(self, obj):
+        _refuse(self.dtype)
+
+    def view(self, *args, **kwargs):
+        made = super().view(*args, **kwargs)
+        if isinstance(made, ndarray):
+            _refuse(made.dtype)
+        return made
 
     @property
     def __cuda_array_interface__(self):
@@ -136,6 +157,29 @@ class CudaObject:
     @property
     def dtype(self):
         return self._host.dtype
+
+
+def torch_cuda(tensor):
+    """A torch tensor that says it is on ``cuda:0``, over ``tensor``'s (host)
+    memory: what the torch device paths see of a CUDA tensor."""
+    import torch
+
+    class FakeCudaTensor(torch.Tensor):
+        @property
+        def device(self):
+            return torch.device("cuda", 0)
+
+        @property
+        def is_cuda(self):
+            return True
+
+        def __dlpack__(self, *args, **kwargs):
+            return self.as_subclass(torch.Tensor).__dlpack__(*args, **kwargs)
+
+        def __dlpack_device__(self):
+            return (2, 0)           # kDLCUDA, device 0
+
+    return torch.Tensor._make_subclass(FakeCudaTensor, tensor)
 
 
 def install():

@@ -128,3 +128,22 @@ def test_planner_reduces_what_numpy_can_add():
         planner.plan((4, 4), "U2", mr.Mesh("x=2"), "[{}, {}] sum{x}", "[{x}, {}]")
     with pytest.raises(mr.ShapeError, match="not defined for complex"):
         planner.plan((4, 4), "c8", mr.Mesh("x=2"), "[{}, {}] max{x}", "[{x}, {}]")
+
+
+@needs_torch
+def test_float64_tensor_without_ml_dtypes_imported():
+    """A process that never imported ml_dtypes: a float64 tensor comes back as
+    float64 (a test of bfloat16 as ``dtype == bfloat16-or-None`` took None,
+    which numpy reads as float64, and returned four times as many bfloat16)."""
+    import subprocess
+    code = ("import sys, torch, numpy as np\n"
+            "from mpiredist.core.backend import backend_of\n"
+            "t = torch.arange(4, dtype=torch.float64)\n"
+            "b = backend_of(t)\n"
+            "back = b.wrap(b.native(t))\n"
+            "assert 'ml_dtypes' not in sys.modules\n"
+            "assert back.dtype == torch.float64 and back.shape == (4,), (back.dtype, back.shape)\n"
+            "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]

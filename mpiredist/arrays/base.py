@@ -14,7 +14,7 @@ mesh's communicator and keyed by the agreed arguments.
 
 import numpy as np
 
-from ..core.backend import as_dtype, dtype_of
+from ..core.backend import dtype_of, dtype_text
 from ..core.blocks import rank_block
 from ..core.caches import recent
 from ..core.errors import ShapeError
@@ -313,7 +313,7 @@ def _transfer(mesh, global_shape, dtype, src, dst, donate, strategy, workspace):
     """
     try:
         m = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
-        key = (m, tuple(int(n) for n in global_shape), as_dtype(dtype).str,
+        key = (m, tuple(int(n) for n in global_shape), dtype_text(dtype),
                str(Layout.parse(src)), str(Layout.parse(dst)), strategy, bool(donate),
                workspace)
         cache = kept(base_comm(m), "transfers")
@@ -343,8 +343,9 @@ def _between(local, global_shape, mesh, src, dst, dst_mesh, donate, strategy, re
         return None, {}
 
     mesh, _ = check_together("redistribute between meshes", mesh, body)
+    # by dtype_text: bfloat16's str is '<V2', which numpy reads as plain void
     dtypes = [d for d in base_comm(mesh).allgather(
-        None if local is None else dtype_of(local).str) if d is not None]
+        None if local is None else dtype_text(dtype_of(local))) if d is not None]
     dtype = dtypes[0] if dtypes else "u1"    # no block anywhere: Transfer names the rank
     t = Transfer(global_shape, dtype, mesh, src, dst, donate, workspace, strategy,
                  dst_mesh=mesh if dst_mesh is None else dst_mesh)

@@ -176,7 +176,7 @@ class _Call:
                                                                     dst_info, dst_key)
         self.keep, self.op = keep, ops.pop() if ops else "sum"
         self.workspace = workspace
-        self.key = (shape, self.dtype.str, src_info, src_key, dst_info, dst_key, workspace)
+        self.key = (shape, dtype_text(self.dtype), src_info, src_key, dst_info, dst_key, workspace)
         self.same = {"shape": shape, "dtype": dtype_name, "source mesh": src_info,
                      "source placements": src_key, "target mesh": dst_info,
                      "target placements": dst_key, "workspace_bytes": workspace}

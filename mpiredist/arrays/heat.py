@@ -195,7 +195,7 @@ def _resplit_dndarray(x, axis, workspace_bytes=None):
     import heat as ht
     import numpy as np
 
-    from ..core.backend import as_dtype, backend_of
+    from ..core.backend import as_dtype, backend_of, dtype_text
     from ..core.caches import recent
     from ..planning.pieces import Source, Target, exchange_workspace
     from ..runtime.agree import agree, fingerprint
@@ -209,7 +209,7 @@ def _resplit_dndarray(x, axis, workspace_bytes=None):
     axis = None if axis is None else _normalise_split(axis, len(shape))
     lengths = None if split is None else [int(r[split]) for r in x.lshape_map.tolist()]
     dtype = as_dtype(x.larray.dtype)
-    key = (shape, dtype.str, split, None if lengths is None else tuple(lengths), axis,
+    key = (shape, dtype_text(dtype), split, None if lengths is None else tuple(lengths), axis,
            workspace_bytes)
     agree(comm, "heat resplit", None, {"key": fingerprint(key)})
 

@@ -26,7 +26,12 @@ backend     arrays                                      native view (no copy)
 
 bfloat16 has no numpy dtype of its own: a bfloat16 tensor is viewed as
 ``ml_dtypes.bfloat16`` (the dtype JAX uses), which numpy can add, so partial
-sums of it are combined by numpy (MPI has no bfloat16 reduction).
+sums of it are combined by numpy (MPI has no bfloat16 reduction).  CuPy has
+no bfloat16 at all: on the device a bfloat16 tensor is viewed as a CuPy
+``int16`` array of its bits (:func:`device_dtype`), which move as they are
+and come back as bfloat16 (:meth:`Backend.wrap`); they cannot be added, so
+bfloat16 partial sums of device arrays are refused (every rank, before data
+moves: :func:`refuse_device_sums`).
 
 A tensor that requires grad is refused: mpiredist moves values, not the
 autograd graph (pass ``t.detach()``).  CuPy is imported here and nowhere
@@ -40,7 +45,8 @@ import numpy as np
 
 from .errors import ShapeError
 
-__all__ = ["Backend", "backend_of", "as_dtype", "dtype_of", "dtype_text", "array_module", "bytes_as",
+__all__ = ["Backend", "backend_of", "as_dtype", "dtype_of", "dtype_text", "device_dtype",
+           "refuse_device_sums", "array_module", "bytes_as",
            "is_gpu", "synchronize", "cupy_or_error", "c_contiguous", "copy_into",
            "on_device_of", "KINDS"]
 
@@ -127,6 +133,25 @@ def _bfloat16():
         raise ShapeError("bfloat16 arrays need ml_dtypes (numpy's bfloat16): pip install "
                          "mpiredist[torch] or ml_dtypes") from None
     return np.dtype(ml_dtypes.bfloat16)
+
+
+def device_dtype(dtype):
+    """The dtype of the device (CuPy) arrays that hold values of ``dtype``:
+    ``int16`` for bfloat16, which CuPy lacks (the bits, moved as they are),
+    else ``dtype`` itself."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.int16) if _is_bfloat16(dtype) else dtype
+
+
+def refuse_device_sums(dtype, adds, what):
+    """ShapeError if a device run of ``dtype`` must add partial sums (``adds``)
+    that the device cannot add: bfloat16, held as its int16 bits
+    (:func:`device_dtype`).  Called with agreed values only (the array
+    library, the plan), so that every rank raises it, before data moves."""
+    if adds and device_dtype(dtype) != np.dtype(dtype):
+        raise ShapeError(f"{what}: partial sums of bfloat16 device arrays cannot be added "
+                         "(CuPy has no bfloat16; the device holds their int16 bits): "
+                         "move them as float32, or as host arrays (numpy adds bfloat16)")
 
 
 def _is_torch_dtype(d):
@@ -238,19 +263,19 @@ class Backend:
                              "values, not the autograd graph: pass tensor.detach()")
         torch = sys.modules["torch"]
         bf16 = array.dtype == torch.bfloat16
-        if self.device:
-            if bf16:
-                raise ShapeError(f"{what}: bfloat16 CUDA tensors are not supported yet "
-                                 "(CuPy has no bfloat16 dtype); view them as torch.int16 "
-                                 "to move them")
-            return cupy_or_error().from_dlpack(array)
+        if self.device:     # bfloat16: its bits as int16 (CuPy has no bfloat16)
+            return cupy_or_error().from_dlpack(array.view(torch.int16) if bf16 else array)
         if bf16:
             return array.view(torch.int16).numpy().view(_bfloat16())
         _from_torch_dtype(array.dtype)      # a clear error for dtypes numpy lacks
         return array.numpy()
 
-    def wrap(self, native):
-        """The native result ``native`` in this backend's library (no copy)."""
+    def wrap(self, native, dtype=None):
+        """The native result ``native`` in this backend's library (no copy).
+
+        ``dtype``: the values' dtype, where the native array holds other
+        bits (a bfloat16 result on the device is CuPy ``int16``: it comes
+        back as a bfloat16 tensor; CuPy and CUDA objects keep ``int16``)."""
         if native is None or self.name in ("numpy", "cupy", "cuda"):
             return native
         if self.name == "dlpack":
@@ -263,15 +288,21 @@ class Backend:
                 return space.asarray(native)
         torch = sys.modules["torch"]
         if self.device:
-            return torch.from_dlpack(native)
-        if native.dtype == _bfloat16_or_none():
+            tensor = torch.from_dlpack(native)
+            if _is_bfloat16(dtype) and tensor.dtype == torch.int16:
+                tensor = tensor.view(torch.bfloat16)
+            return tensor
+        if _is_bfloat16(native.dtype):
             return torch.from_numpy(native.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(native)
 
 
-def _bfloat16_or_none():
+def _is_bfloat16(dtype):
+    """True for ``ml_dtypes.bfloat16`` (never imports it: a process that has
+    not imported it has no such array).  Not ``dtype == bfloat16-or-None``:
+    numpy reads ``None`` as float64, so float64 would pass."""
     ml = sys.modules.get("ml_dtypes")
-    return None if ml is None else np.dtype(ml.bfloat16)
+    return ml is not None and np.dtype(dtype) == np.dtype(ml.bfloat16)
 
 
 _NUMPY = Backend("numpy", False)

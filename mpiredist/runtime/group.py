@@ -41,8 +41,8 @@ import math
 
 import numpy as np
 
-from ..core.backend import (array_module, bytes_as, copy_into, cupy_or_error, on_device_of,
-                            synchronize)
+from ..core.backend import (array_module, bytes_as, copy_into, cupy_or_error, device_dtype,
+                            on_device_of, refuse_device_sums, synchronize)
 from ..core.blocks import box_size
 from ..core.errors import MpiredistError, PlanError, ShapeError
 from ..core.mesh import Mesh
@@ -161,7 +161,7 @@ class TransferGroup:
         self._buckets, self._alone = self._schedule()
         self._layouts = []      # per bucket: its messages, made on the first run
         self._buffer = None     # the buckets' send and receive bytes, kept between runs
-        self._views = None      # per bucket: its pieces' views of that buffer
+        self._views = None      # per (bucket, device arrays): its pieces' views of it
         self._staged = {}       # item index -> its exchange staged through host memory
         self._identity = dict(group=fingerprint(mesh, target, self._workspace,
                                                 *[(i.name, i.shape, i.dtype, i.src, i.dst)
@@ -311,11 +311,15 @@ class TransferGroup:
         if cross:
             holds = any(a is not None for a in [*natives, *outs])
             kind = agreed_kind(self._base, repr(self), kind, holds)
+        if kind.device:     # agreed values: every rank raises, before data moves
+            for item in self._items:
+                refuse_device_sums(item.dtype, bool(item.src.partial) and not item.dst.partial,
+                                   f"{self!r}: item {item.name!r}")
         aware = kind.device and gpu_aware(self._base, repr(self))
         results = guard(self._base, repr(self), self._move, natives, outs, kind, aware)
         given = self._listed(out)
-        return self._form([g if g is not None else kind.wrap(r)
-                           for g, r in zip(given, results)])
+        return self._form([g if g is not None else kind.wrap(r, i.dtype)
+                           for g, r, i in zip(given, results, self._items)])
 
     # ------------------------------------------------------------ running
 
@@ -380,10 +384,10 @@ class TransferGroup:
         for item, local, o in zip(self._items, natives, outs):
             shape = item.target_shape
             if o is None and shape is not None:
-                o = xp.empty(shape, item.dtype)
+                o = xp.empty(shape, device_dtype(item.dtype) if kind.device else item.dtype)
             targets.append(o)
         for b in range(len(self._buckets)):
-            self._bucket(b, natives, targets, xp if aware else np)
+            self._bucket(b, natives, targets, kind.device, xp if aware else np)
         for k in self._alone:
             ex = self._staging(k) if kind.device and not aware else self._items[k].exchange
             before = ex.ctx.calls
@@ -397,7 +401,8 @@ class TransferGroup:
         found = self._staged.get(k)
         if found is None:
             item = self._items[k]
-            found = self._staged[k] = Exchange(_staged_context(self._comm, item.dtype),
+            found = self._staged[k] = Exchange(_staged_context(self._comm,
+                                                               device_dtype(item.dtype)),
                                                *item.pieces, self._workspace, item.src.op)
         return found
 
@@ -439,9 +444,11 @@ class TransferGroup:
         return packs, applies, (send_counts, send_at, recv_counts, recv_at, total,
                                 total + sum(recv_counts))
 
-    def _bucket(self, b, natives, targets, xp=np):
+    def _bucket(self, b, natives, targets, device=False, xp=np):
         """Every piece of bucket ``b``'s items in one ``Alltoallv`` of bytes, through
-        a buffer of library ``xp`` (the device's where MPI takes device buffers)."""
+        a buffer of library ``xp`` (the device's where MPI takes device buffers),
+        from and to device arrays where ``device`` (whose bfloat16 items hold
+        int16 bits: the views of the buffer are typed alike)."""
         if not self._layouts:
             self._layouts = [self._layout(ks) for ks in self._buckets]
         packs, applies, (send_counts, send_at, recv_counts, recv_at, split, size) = \
@@ -451,16 +458,18 @@ class TransferGroup:
             # room, within W): a fresh one faulted its pages in on every run
             self._buffer = self._views = None
             self._buffer = xp.empty(max(x[2][5] for x in self._layouts), np.uint8)
-            self._views = [None] * len(self._layouts)
+            self._views = {}
         out, back = self._buffer[:split], self._buffer[split:size]
-        if self._views[b] is None:
-            # each piece's typed view of the buffer, made once per buffer: a
-            # run then pays one index per piece on each side, not four
-            self._views[b] = (
-                [bytes_as(out, at, dtype, shape) for _, _, at, dtype, shape in packs],
-                [None if at is None else bytes_as(back, at, self._items[k].dtype, shape)
+        typed = device_dtype if device else np.dtype
+        if (b, device) not in self._views:
+            # each piece's typed view of the buffer, made once per buffer (and
+            # host or device arrays): a run then pays one index per piece on
+            # each side, not four
+            self._views[(b, device)] = (
+                [bytes_as(out, at, typed(dtype), shape) for _, _, at, dtype, shape in packs],
+                [None if at is None else bytes_as(back, at, typed(self._items[k].dtype), shape)
                  for k, _, at, _, _, shape in applies])
-        slots, received = self._views[b]
+        slots, received = self._views[(b, device)]
         for (k, index, _, _, _), slot in zip(packs, slots):
             copy_into(slot, natives[k][index])      # host or device, either way
         synchronize(out)

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..core.backend import c_contiguous, is_gpu
+from ..core.backend import c_contiguous, device_dtype, is_gpu
 from ..core.errors import ShapeError
 
 __all__ = ["references", "local_references", "resize_in_place", "Donation", "NOT_DONATED",
@@ -166,16 +166,20 @@ def array_kind(array):
 
 
 def check_block(local, shape, dtype, rank, what="local block"):
-    """ShapeError unless ``local`` is an array of ``shape`` and ``dtype``."""
+    """ShapeError unless ``local`` is an array of ``shape`` and ``dtype`` (a
+    device array of bfloat16 holds its bits as int16: :func:`device_dtype
+    <mpiredist.core.backend.device_dtype>`)."""
     if not (hasattr(local, "shape") and hasattr(local, "dtype")):
         raise ShapeError(f"rank {rank}: {what} must be a numpy or CuPy array, "
                          f"found {type(local).__name__}")
     if tuple(local.shape) != tuple(shape):
         raise ShapeError(f"rank {rank}: {what} has shape {tuple(local.shape)}, but this "
                          f"rank's block has shape {tuple(shape)}")
-    if np.dtype(local.dtype) != dtype:
+    expected = device_dtype(dtype) if is_gpu(local) else dtype     # bfloat16: int16 bits
+    if np.dtype(local.dtype) != expected:
+        held = "" if expected == dtype else f" (on the device: its bits as {expected})"
         raise ShapeError(f"rank {rank}: {what} has dtype {np.dtype(local.dtype)}, "
-                         f"expected {dtype}")
+                         f"expected {dtype}{held}")
 
 
 def check_out(out, local, shape, dtype, rank):

@@ -39,7 +39,7 @@ import warnings
 import numpy as np
 
 from ..core.backend import (Backend, array_module, backend_of, c_contiguous, cupy_or_error,
-                            is_gpu)
+                            device_dtype, is_gpu, refuse_device_sums)
 from ..core.blocks import box_shape, rank_block
 from ..core.errors import (BudgetWarning, ClosedError, DonationWarning, MemoryBudgetError,
                            MeshError, MpiredistError, PlanError, ShapeError)
@@ -245,11 +245,13 @@ class Transfer:
                 f"{self!r}: a donation was not honoured on some rank, and the run that "
                 "copies instead does not fit the memory of every rank")
         kind = self._agreed_kind(kind, local is not None or out is not None)
+        if kind.device:     # agreed values: every rank raises, before data moves
+            refuse_device_sums(self._dtype_of(), self._adds(), repr(self))
         if kind.device and not self._gpu_aware():
             result = self._staged(local, out, records, verdict)
         else:
             result = self._execute(local, out, kind, flags["donate"], verdict, records)
-        return given if given is not None else kind.wrap(result)
+        return given if given is not None else kind.wrap(result, self._dtype_of())
 
     def _kind(self, kind):
         """The array library in the run's agreement (every rank holds a block here)."""
@@ -288,6 +290,11 @@ class Transfer:
         raise NotImplementedError
 
     def _dtype_of(self):
+        raise NotImplementedError
+
+    def _adds(self):
+        """True if a run adds partial sums (a source partial axis the target
+        does not keep)."""
         raise NotImplementedError
 
     def explain(self):
@@ -489,7 +496,7 @@ class MeshTransfer(Transfer):
                               False, NOT_DONATED, None)
             raise exc
         result = self._execute(local, out, _HOST, False, NOT_DONATED, records)
-        return given if given is not None else kind.wrap(result)
+        return given if given is not None else kind.wrap(result, self._dtype_of())
 
     def _execute(self, local, out, kind, donate_ok, verdict, records):
         variant = (Variant.DEVICE if kind.device else
@@ -520,8 +527,10 @@ class MeshTransfer(Transfer):
             self._choices[variant] = choose(self._plan, False, self._workspace, True)
         choice = self._choices[variant]
         if variant not in self._contexts:
-            ctx = self._contexts[variant] = Context(self._comm, self._plan.dtype,
-                                                    array_module(local), choice.plan, self._mc)
+            dtype = self._plan.dtype if variant is not Variant.DEVICE else \
+                device_dtype(self._plan.dtype)          # bfloat16: its int16 bits
+            ctx = self._contexts[variant] = Context(self._comm, dtype, array_module(local),
+                                                    choice.plan, self._mc)
             ctx.reduce_room = reduction_room(choice.budget.workspace)
             fits = choice.budget
             if choice.inplace and fits.inplace_peak > fits.limit:
@@ -550,13 +559,16 @@ class MeshTransfer(Transfer):
             plan = self._plan
             sources, targets = plan_pieces(plan, plan.src, plan.dst,
                                            keep_classes=bool(plan.dst.partial))
-            found = Exchange(_staged_context(self._comm, plan.dtype), sources, targets,
-                             self._workspace, plan.src.op, views=True)
+            found = Exchange(_staged_context(self._comm, device_dtype(plan.dtype)), sources,
+                             targets, self._workspace, plan.src.op, views=True)
             self._kept.setdefault(Variant.DEVICE, {})["staged"] = found
         return found
 
     def _dtype_of(self):
         return self._plan.dtype
+
+    def _adds(self):
+        return bool(set(self._plan.src.partial) - set(self._plan.dst.partial))
 
     def _release(self):
         """Datatypes and kept buffers; sub-communicators belong to the mesh's
@@ -775,7 +787,7 @@ class CrossTransfer(Transfer):
         given = out
         kind, local, out = _native(local, out, self._comm.Get_rank())
         result = self._execute(local, out, kind, False, NOT_DONATED, records)
-        return given if given is not None else kind.wrap(result)
+        return given if given is not None else kind.wrap(result, self._dtype_of())
 
     def _execute(self, local, out, kind, donate_ok, verdict, records):
         return _run_exchange(self._base, repr(self), self._exchange, local, out, kind.device,
@@ -784,13 +796,17 @@ class CrossTransfer(Transfer):
     def _staging(self, local):
         if self._staged_exchange is None:
             sources, targets = self._pieces
-            self._staged_exchange = Exchange(_staged_context(self._comm, self._dtype), sources,
-                                             targets, self._workspace, self._src.op,
+            self._staged_exchange = Exchange(_staged_context(self._comm,
+                                                             device_dtype(self._dtype)),
+                                             sources, targets, self._workspace, self._src.op,
                                              views=True)
         return self._staged_exchange
 
     def _dtype_of(self):
         return self._dtype
+
+    def _adds(self):
+        return bool(self._src.partial)      # the target's pieces are whole sums
 
     def explain(self):
         return self.plan.explain()
@@ -848,7 +864,7 @@ def _run_exchange(base, name, ex, local, out, device, dtype):
         if into is None and ex.target_shape is not None:
             xp = array_module(block) if block is not None else (
                 cupy_or_error() if device else np)
-            into = xp.empty(ex.target_shape, dtype)
+            into = xp.empty(ex.target_shape, dtype if xp is np else device_dtype(dtype))
         ex.run(block, into)
         return into
     return guard(base, name, run)

@@ -108,17 +108,20 @@ def test_non_contiguous_tensor_and_distarray():
     all_ok(COMM, _same(b.gather(), G, "f4"), "gather of a tensor DistArray")
 
 
-def test_between_meshes_tensor():
+@pytest.mark.parametrize("dtype", ["f4", "bf16"])
+def test_between_meshes_tensor(dtype):
+    """The ranks outside the source mesh learn the dtype from the others
+    (bfloat16 by its name: its ``str`` is ``'<V2'``, plain void)."""
     if P < 2:
         pytest.skip("needs 2 ranks")
     src_mesh = mr.Mesh("x=1", ranks=[0])
     dst_mesh = mr.Mesh(f"x={P}")
     shape = (2 * P + 1, 3)
-    G = _global(shape, "f4", 4)
+    G = _global(shape, dtype, 4)
     local = _tensor(G) if RANK == 0 else None
     got = mr.redistribute(local, shape, src_mesh, "[{}, {}]", "[{x}, {}]", dst_mesh=dst_mesh)
     want = oracle.expected(G, MESH, [["x"], []], RANK)
-    all_ok(COMM, _same(got, want, "f4"), "a tensor on every rank, also outside the source")
+    all_ok(COMM, _same(got, want, dtype), "a tensor on every rank, also outside the source")
 
 
 def test_weight_sync_group_of_tensors():
@@ -254,3 +257,111 @@ def test_memory_contract_for_tensors(src, dst):
         used = COMM.allreduce(e.bytes, op=MPI.MAX)
         all_ok(COMM, isinstance(got, torch.Tensor) and used <= limit + (1 << 20),
                f"RSS growth {used} B > {limit} B + 1 MiB")
+
+
+# ---------------------------------------------------------- CUDA tensors, faked
+
+@pytest.fixture(params=["aware", "staged"])
+def device(request, monkeypatch):
+    """The fake CuPy of tests/fakecupy.py installed, MPI taken as CUDA-aware or
+    not, on a fresh duplicate of COMM_WORLD (awareness is agreed per
+    communicator)."""
+    import fakecupy
+    before = fakecupy.install()
+    monkeypatch.setenv("MPIREDIST_GPU_AWARE", "1" if request.param == "aware" else "0")
+    comm = COMM.Dup()
+    yield request.param, comm, fakecupy
+    comm.Free()
+    fakecupy.uninstall(before)
+
+
+def _host_values(t):
+    """A (fake) CUDA tensor's values as numpy, through its host memory."""
+    return _numpy(t.as_subclass(torch.Tensor))
+
+
+def _same_values(got, want, dtype):
+    return (isinstance(got, torch.Tensor) and got.dtype == TORCH[dtype]
+            and tuple(got.shape) == want.shape
+            and np.array_equal(_host_values(got).view(np.uint8),
+                               np.ascontiguousarray(want).view(np.uint8)))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f4"])
+def test_cuda_tensors(device, dtype):
+    """torch CUDA tensors (faked over host memory): torch in, torch out, the same
+    dtype, in both modes; bfloat16, which CuPy lacks, moves as its int16 bits
+    and comes back as bfloat16.  Through redistribute, a Transfer into an
+    ``out=`` tensor, between meshes, and a group; every result bit for bit
+    against the oracle, the sources unchanged."""
+    name, comm, fakecupy = device
+    mesh = mr.Mesh(f"x={P}", comm=comm)
+    shape, src, dst = (2 * P + 1, 6), "[{x}, {}]", "[{}, {x}]"
+    G = _global(shape, dtype, 11)
+    mine = oracle.local_block(G, MESH, _lay(src)[0], RANK)
+    want = oracle.expected(G, MESH, _lay(dst)[0], RANK)
+    local = fakecupy.torch_cuda(_tensor(mine))
+    assert local.device.type == "cuda"
+    got = mr.redistribute(local, shape, mesh, src, dst)
+    all_ok(COMM, _same_values(got, want, dtype), f"{name} {dtype}: redistribute")
+    all_ok(COMM, np.array_equal(_host_values(local).view(np.uint8),
+                                np.ascontiguousarray(mine).view(np.uint8)), "source unchanged")
+
+    t = mr.Transfer(shape, TORCH[dtype], mesh, src, dst)
+    out = fakecupy.torch_cuda(torch.empty(t.target_shape, dtype=TORCH[dtype]))
+    all_ok(COMM, t.run(local, out=out) is out and _same_values(out, want, dtype),
+           f"{name} {dtype}: Transfer into out=")
+    t.free()
+
+    if P > 1:       # a weight sync: rank 0 holds it all, the others get tensors
+        one = mr.Mesh("x=1", ranks=[0], comm=comm)
+        whole = fakecupy.torch_cuda(_tensor(G)) if RANK == 0 else None
+        got = mr.redistribute(whole, shape, one, "[{}, {}]", dst, dst_mesh=mesh)
+        all_ok(COMM, _same_values(got, want, dtype), f"{name} {dtype}: between meshes")
+
+    items = {"a": (shape, TORCH[dtype], src, dst), "b": (shape, TORCH[dtype], dst, src)}
+    with mr.TransferGroup(items, mesh) as g:
+        back = oracle.local_block(G, MESH, _lay(dst)[0], RANK)
+        got = g.run({"a": local, "b": fakecupy.torch_cuda(_tensor(back))})
+    all_ok(COMM, _same_values(got["a"], want, dtype) and _same_values(got["b"], mine, dtype),
+           f"{name} {dtype}: a group")
+
+
+def test_bf16_cuda_partial_sums_are_refused_on_every_rank(device):
+    """The device holds bfloat16 as int16 bits, which cannot be added: partial
+    sums of bfloat16 CUDA tensors raise on every rank, before data moves, in a
+    Transfer and in a group; float32 ones still add."""
+    name, comm, fakecupy = device
+    mesh = mr.Mesh(f"x={P}", comm=comm)
+    shape, src, dst = (2 * P, 3), "[{}, {}] sum{x}", "[{x}, {}]"
+    part = fakecupy.torch_cuda(torch.ones(shape, dtype=torch.bfloat16))
+    before = _host_values(part).copy()
+    with pytest.raises(mr.ShapeError, match="partial sums of bfloat16 device arrays"):
+        mr.redistribute(part, shape, mesh, src, dst)
+    with mr.TransferGroup({"w": (shape, torch.bfloat16, src, dst)}, mesh) as g:
+        with pytest.raises(mr.ShapeError, match="item 'w'.*partial sums of bfloat16"):
+            g.run({"w": part})
+    all_ok(COMM, np.array_equal(_host_values(part).view(np.uint8), before.view(np.uint8)),
+           "the source is unchanged")
+    got = mr.redistribute(fakecupy.torch_cuda(torch.ones(shape)), shape, mesh, src, dst)
+    want = oracle.expected(np.full(shape, float(P), np.float32), MESH, [["x"], []], RANK)
+    all_ok(COMM, _same_values(got, want, "f4"), f"{name}: float32 partial sums on the device")
+
+
+def test_cupy_bits_of_bf16(device):
+    """CuPy has no bfloat16: a bfloat16 Transfer takes CuPy int16 arrays (the
+    bits) and returns int16; another dtype is refused, naming what the device
+    holds."""
+    name, comm, fakecupy = device
+    mesh = mr.Mesh(f"x={P}", comm=comm)
+    shape, src, dst = (3 * P, 2), "[{x}, {}]", "[{}, {}]"
+    G = _global(shape, "bf16", 12)
+    bits = fakecupy.asarray(np.ascontiguousarray(
+        oracle.local_block(G, MESH, [["x"], []], RANK)).view(np.int16))
+    got = mr.Transfer(shape, BF16, mesh, src, dst).run(bits)
+    all_ok(COMM, isinstance(got, fakecupy.ndarray) and got.dtype == np.int16
+           and np.array_equal(got.view(np.ndarray), G.view(np.int16)), f"{name}: int16 bits")
+    with pytest.raises(mr.ShapeError, match=r"expected bfloat16 \(on the device: its bits "
+                                            r"as int16\)"):
+        mr.Transfer(shape, BF16, mesh, src, dst).run(fakecupy.asarray(
+            np.zeros(bits.shape, np.float32)))

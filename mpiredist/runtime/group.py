@@ -401,8 +401,7 @@ class TransferGroup:
         found = self._staged.get(k)
         if found is None:
             item = self._items[k]
-            found = self._staged[k] = Exchange(_staged_context(self._comm,
-                                                               device_dtype(item.dtype)),
+            found = self._staged[k] = Exchange(_staged_context(self._comm, item.dtype),
                                                *item.pieces, self._workspace, item.src.op)
         return found
 

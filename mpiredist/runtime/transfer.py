@@ -559,8 +559,8 @@ class MeshTransfer(Transfer):
             plan = self._plan
             sources, targets = plan_pieces(plan, plan.src, plan.dst,
                                            keep_classes=bool(plan.dst.partial))
-            found = Exchange(_staged_context(self._comm, device_dtype(plan.dtype)), sources,
-                             targets, self._workspace, plan.src.op, views=True)
+            found = Exchange(_staged_context(self._comm, plan.dtype), sources, targets,
+                             self._workspace, plan.src.op, views=True)
             self._kept.setdefault(Variant.DEVICE, {})["staged"] = found
         return found
 
@@ -796,9 +796,8 @@ class CrossTransfer(Transfer):
     def _staging(self, local):
         if self._staged_exchange is None:
             sources, targets = self._pieces
-            self._staged_exchange = Exchange(_staged_context(self._comm,
-                                                             device_dtype(self._dtype)),
-                                             sources, targets, self._workspace, self._src.op,
+            self._staged_exchange = Exchange(_staged_context(self._comm, self._dtype), sources,
+                                             targets, self._workspace, self._src.op,
                                              views=True)
         return self._staged_exchange
 
@@ -848,8 +847,9 @@ def gpu_aware(base, what):
 
 
 def _staged_context(comm, dtype):
-    """A context whose exchange stages device parts through host rings."""
-    ctx = Context(comm, dtype)
+    """A context whose exchange stages device parts of ``dtype`` through host
+    rings (typed as the device holds them: bfloat16 as int16 bits)."""
+    ctx = Context(comm, device_dtype(dtype))
     ctx.staged = True
     return ctx
 

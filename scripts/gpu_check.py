@@ -17,9 +17,12 @@ has CUDA) and each mode:
 it checks the result against the numpy oracle of ``tests/oracle.py``, the
 device memory the call allocates (CuPy: a counting allocator over its pool;
 torch: ``torch.cuda.max_memory_allocated``) against the contract
-max(S, T) + W, and the median time.  ``--fake`` runs on a CPU with the fake
-CuPy of ``tests/fakecupy.py`` (no memory figures), so that the script is
-kept working where no GPU is.  Exit status 1 if any result is wrong or any
+max(S, T) + W, and the median time.  Then a TransferGroup of three arrays,
+and bfloat16 torch CUDA tensors (which move as their int16 bits): a reshard,
+a reduce-scatter and an all-reduce of partial sums of integers (exact in
+bfloat16, so against the oracle), and a max.  ``--fake`` runs on a CPU with
+the fake CuPy of ``tests/fakecupy.py`` and its fake CUDA tensors (no memory
+figures), so that the script is kept working where no GPU is.  Exit status 1 if any result is wrong or any
 device peak exceeds its bound.
 """
 
@@ -87,6 +90,7 @@ def main(argv=None):
     comm = MPI.COMM_WORLD
     rank, p = comm.Get_rank(), comm.Get_size()
     try:
+        import ml_dtypes
         import torch
         has_torch = (not args.fake) and torch.cuda.is_available()
     except ImportError:
@@ -217,6 +221,58 @@ def main(argv=None):
             rows.append(("group", lib, mode, "ok" if all_good else "WRONG",
                          f"{statistics.median(times) * 1e3:.2f}", "-",
                          f"TransferGroup of {len(items)} arrays"))
+    # bfloat16 torch CUDA tensors: CuPy has none, so they move as their int16
+    # bits, and partial sums of them are combined through float32 on the device
+    if torch is not None and (has_torch or args.fake):
+        if args.fake:
+            import fakecupy
+
+        def bf16_device(a):
+            t = torch.from_numpy(np.ascontiguousarray(a, np.float32)).to(torch.bfloat16)
+            return fakecupy.torch_cuda(t) if args.fake else t.cuda()
+
+        shape = (16 * p + 3, 40)
+        rng = np.random.default_rng(5)
+        # integer parts: sums exact in bfloat16, so every order gives the oracle's value
+        ints = [rng.integers(-8, 9, shape).astype(np.float32) for _ in range(p)]
+        reals = [rng.standard_normal(shape).astype(np.float32) for _ in range(p)]
+        for src, dst, parts, combine in (
+                ("[{x}, {}]", "[{}, {x}]", None, None),
+                ("[{}, {}] sum{x}", "[{x}, {}]", ints, sum),
+                ("[{}, {}] sum{x}", "[{}, {}]", ints, sum),
+                ("[{}, {}] max{x}", "[{x}, {}]", reals, np.maximum.reduce)):
+            if parts is None:
+                G = reals[0]
+                mine = oracle.local_block(G, [("x", p)], [["x"], []], rank)
+            else:
+                parts = [a.astype(ml_dtypes.bfloat16).astype(np.float32) for a in parts]
+                G, mine = combine(parts), parts[rank]
+            want = oracle.expected(G, [("x", p)], [list(d) for d in mr.Layout.parse(dst).dims],
+                                   rank).astype(ml_dtypes.bfloat16).astype(np.float32)
+            for mode in ("staged", "aware"):
+                if mode == "aware" and not aware:
+                    rows.append(("bf16", "torch", mode, "skip", "-", "-", "MPI not CUDA-aware"))
+                    continue
+                os.environ["MPIREDIST_GPU_AWARE"] = "1" if mode == "aware" else "0"
+                sub = comm.Dup()
+                mesh = mr.Mesh(f"x={p}", comm=sub)
+                local, times = bf16_device(mine), []
+                got = mr.redistribute(local, shape, mesh, src, dst)      # warm
+                for _ in range(args.repeats):
+                    sub.Barrier()
+                    t0 = time.perf_counter()
+                    got = mr.redistribute(local, shape, mesh, src, dst)
+                    sync("torch")
+                    times.append(time.perf_counter() - t0)
+                ok = (isinstance(got, torch.Tensor) and got.dtype == torch.bfloat16
+                      and (args.fake or got.is_cuda)
+                      and np.array_equal(got.float().cpu().numpy(), want))
+                all_good = all(comm.allgather(ok))
+                bad += not all_good
+                sub.Free()
+                rows.append(("bf16", "torch", mode, "ok" if all_good else "WRONG",
+                             f"{statistics.median(times) * 1e3:.2f}", "-",
+                             f"bfloat16 {src} -> {dst}"))
     if rank == 0:
         print(f"gpu_check: {p} ranks, {'fake CuPy (CPU)' if args.fake else 'GPU 0'}, "
               f"MPI {MPI.Get_library_version().splitlines()[0].strip()}, CUDA-aware: "

@@ -147,3 +147,36 @@ def test_float64_tensor_without_ml_dtypes_imported():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("ufunc", [np.add, np.multiply, np.maximum, np.minimum])
+@pytest.mark.parametrize("device", [False, True])
+def test_bfloat16_bits_combine_as_numpy_adds_bfloat16(ufunc, device):
+    """On the device bfloat16 is held as int16 bits: its combiner gives numpy's
+    ml_dtypes result bit for bit, on every pair of bit patterns drawn (ties,
+    overflow to inf, subnormals, infinities; a NaN result is a NaN), on the
+    fake CuPy's arrays too, into ``out=`` the first operand."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from mpiredist.core.backend import combiner
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(3)
+    n = 1 << 18
+    a = rng.integers(0, 1 << 16, n, dtype=np.uint16)
+    b = rng.integers(0, 1 << 16, n, dtype=np.uint16)
+    b[::2] = a[::2] + rng.integers(-64, 64, n // 2).astype(np.uint16)    # near: rounding
+    a[:4], b[:4] = [0x7F7F, 0x0001, 0x3F80, 0xFF80], [0x7F7F, 0x8001, 0x3380, 0x7F80]
+    with np.errstate(all="ignore"):
+        want = ufunc(a.view(bf16), b.view(bf16)).view(np.uint16)
+        assert combiner(ufunc, bf16, False) is ufunc       # host arrays: numpy itself
+        f = combiner(ufunc, bf16, True)
+        assert combiner(ufunc, bf16, True) is f and combiner(ufunc, np.float32, True) is ufunc
+        acc = a.view(np.int16).copy()
+        part = b.view(np.int16)
+        if device:
+            acc, part = fakecupy.asarray(acc), fakecupy.asarray(part)
+        got = f(acc, part, out=acc)
+    got = np.asarray(got).view(np.uint16)
+    assert got is not None and acc.dtype == np.int16
+    nan = np.isnan(want.view(bf16))
+    assert np.array_equal(np.isnan(got.view(bf16)), nan)
+    assert np.array_equal(got[~nan], want[~nan]), np.flatnonzero(got[~nan] != want[~nan])[:5]

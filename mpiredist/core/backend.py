@@ -29,15 +29,16 @@ bfloat16 has no numpy dtype of its own: a bfloat16 tensor is viewed as
 sums of it are combined by numpy (MPI has no bfloat16 reduction).  CuPy has
 no bfloat16 at all: on the device a bfloat16 tensor is viewed as a CuPy
 ``int16`` array of its bits (:func:`device_dtype`), which move as they are
-and come back as bfloat16 (:meth:`Backend.wrap`); they cannot be added, so
-bfloat16 partial sums of device arrays are refused (every rank, before data
-moves: :func:`refuse_device_sums`).
+and come back as bfloat16 (:meth:`Backend.wrap`); partial sums of them are
+combined on the device through float32 (:func:`combiner`), bit for bit as
+numpy combines ``ml_dtypes.bfloat16`` on the host.
 
 A tensor that requires grad is refused: mpiredist moves values, not the
 autograd graph (pass ``t.detach()``).  CuPy is imported here and nowhere
 else; torch and ml_dtypes only when an array of theirs is seen.
 """
 
+import functools
 import math
 import sys
 
@@ -46,7 +47,7 @@ import numpy as np
 from .errors import ShapeError
 
 __all__ = ["Backend", "backend_of", "as_dtype", "dtype_of", "dtype_text", "device_dtype",
-           "refuse_device_sums", "array_module", "bytes_as",
+           "combiner", "array_module", "bytes_as",
            "is_gpu", "synchronize", "cupy_or_error", "c_contiguous", "copy_into",
            "on_device_of", "KINDS"]
 
@@ -143,15 +144,65 @@ def device_dtype(dtype):
     return np.dtype(np.int16) if _is_bfloat16(dtype) else dtype
 
 
-def refuse_device_sums(dtype, adds, what):
-    """ShapeError if a device run of ``dtype`` must add partial sums (``adds``)
-    that the device cannot add: bfloat16, held as its int16 bits
-    (:func:`device_dtype`).  Called with agreed values only (the array
-    library, the plan), so that every rank raises it, before data moves."""
-    if adds and device_dtype(dtype) != np.dtype(dtype):
-        raise ShapeError(f"{what}: partial sums of bfloat16 device arrays cannot be added "
-                         "(CuPy has no bfloat16; the device holds their int16 bits): "
-                         "move them as float32, or as host arrays (numpy adds bfloat16)")
+def combiner(ufunc, dtype, device):
+    """How partial values of ``dtype`` combine by ``ufunc`` (``numpy.add``,
+    ``numpy.maximum``, ...): a function called as ``f(acc, part, out=acc)``.
+
+    The ufunc itself, which CuPy arrays take through ``__array_ufunc__``;
+    for ``device`` arrays of bfloat16, which hold its int16 bits
+    (:func:`device_dtype`), one that combines the bits as bfloat16 values
+    (:func:`_combine_bits`).  Decided by the dtype and the agreed array
+    library: alike on every rank.
+    """
+    if not device or device_dtype(dtype) == np.dtype(dtype):
+        return ufunc
+    found = _BITS.get(ufunc)
+    if found is None:
+        found = _BITS[ufunc] = functools.partial(_combine_bits, ufunc)
+    return found
+
+
+_BITS = {}      # ufunc -> its combiner of bfloat16 bits
+
+
+def _combine_bits(ufunc, a, b, out):
+    """``out = ufunc(a, b)`` for bfloat16 values held as int16 bits (numpy
+    or CuPy arrays, through numpy's ufuncs), as ``ml_dtypes`` computes it on
+    the host: both widened to float32 (exact), combined in float32, rounded
+    to the nearest bfloat16, ties to even; a NaN becomes the quiet NaN of
+    its sign.  ``maximum`` and ``minimum`` pick one of the two, NaN first.
+    Bit for bit equal to numpy's ``ml_dtypes.bfloat16`` result, but for
+    which NaN a NaN operand gives (the hardware's choice).  Temporaries:
+    9 bytes an element (two float32 arrays and a mask).
+    """
+    wa, wb = _widen(a), _widen(b)
+    fa, fb = wa.view(np.float32), wb.view(np.float32)
+    if ufunc is np.maximum or ufunc is np.minimum:
+        keep = np.greater(fa, fb) if ufunc is np.maximum else np.less(fa, fb)
+        keep |= np.isnan(fa)
+        picked = b.copy()
+        picked[keep] = a[keep]
+        out[...] = picked
+        return out
+    ufunc(fa, fb, out=fa)
+    nan = np.isnan(fa)
+    quiet = (np.right_shift(wa[nan], 16) & 0x8000) | 0x7FC0     # the sign, before rounding
+    np.right_shift(wa, 16, out=wb)
+    wb &= 1
+    wb += 0x7FFF                                                # ties to even
+    wa += wb
+    wa >>= 16
+    bits = out.view(np.uint16)
+    bits[...] = wa
+    bits[nan] = quiet
+    return out
+
+
+def _widen(bits):
+    """float32 bits (as uint32) of the bfloat16 values whose bits are ``bits``."""
+    wide = bits.view(np.uint16).astype(np.uint32)
+    wide <<= 16
+    return wide
 
 
 def _is_torch_dtype(d):

@@ -96,11 +96,12 @@ def typed(ctx):
 def reduce_limit(ctx):
     """Elements per reduction call: the count limit, and the reduction room.
 
-    -1 for a dtype that MPI cannot reduce (float16, bfloat16): no call is
-    small enough, so numpy combines every part, in the same fixed order as
+    -1 for a dtype that MPI cannot reduce (float16, bfloat16, also as the
+    int16 bits of device arrays): no call is small enough, so numpy (or
+    :meth:`Context.combiner`) combines every part, in the same fixed order as
     larger reductions of other dtypes.
     """
-    if not mpi_reduces(ctx.dtype):
+    if ctx.dtype != ctx.values or not mpi_reduces(ctx.dtype):
         return -1
     return max(1, min(ctx.count_limit, ctx.reduce_room // ctx.itemsize))
 

@@ -14,7 +14,8 @@ import math
 
 import numpy as np
 
-from ..core.backend import c_contiguous
+from ..core.backend import c_contiguous, combiner, device_dtype
+from ..planning.pieces import REDUCERS
 from .comm import mpi
 from .collectives import count_limit
 from .failure import fault
@@ -30,17 +31,27 @@ class Context:
     comm : mpi4py.MPI.Comm
         The communicator the run's point-to-point messages use.
     dtype : numpy dtype
+        The dtype of the values (``values``).  The arrays hold it as
+        ``self.dtype``: the same, but for device values (``device``), which
+        hold bfloat16 as its int16 bits
+        (:func:`~mpiredist.core.backend.device_dtype`).
     xp : module
         ``numpy`` or ``cupy``: the library of the arrays.
     plan : Plan, optional
     mc : MeshComm, optional
         The plan's mesh communicators (sub-communicators of its steps).
+    device : bool
+        The values are those of device arrays, also where a staged run holds
+        them in host rings (a context whose ``xp`` a run sets to CuPy is one
+        too); partial sums of them combine by :meth:`combiner`.
     """
 
-    def __init__(self, comm, dtype, xp=np, plan=None, mc=None):
+    def __init__(self, comm, dtype, xp=np, plan=None, mc=None, device=False):
         self.MPI = mpi()
         self.comm, self.plan, self.mc, self.xp = comm, plan, mc, xp
-        self.dtype = np.dtype(dtype)
+        self.values = np.dtype(dtype)
+        self.device = device
+        self.dtype = device_dtype(dtype) if device else self.values
         self.itemsize = self.dtype.itemsize
         self.elem = self.MPI.BYTE.Create_contiguous(self.itemsize).Commit()
         self.types = []
@@ -55,6 +66,13 @@ class Context:
 
     def __repr__(self):
         return f"Context({self.dtype}, plan={self.plan is not None}, routes={len(self.routes)})"
+
+    def combiner(self, op):
+        """The function that combines partial values by partial op ``op``
+        (``f(acc, part, out=acc)``: :func:`~mpiredist.core.backend.combiner`)
+        in this context's arrays: device ones (``device``, or CuPy arrays in
+        ``xp``) hold bfloat16 as its int16 bits."""
+        return combiner(REDUCERS[op], self.values, self.device or self.xp is not np)
 
     # ------------------------------------------------------------ buffers
 

@@ -33,7 +33,7 @@ from collections import namedtuple
 from ..core.backend import array_module, c_contiguous, synchronize
 from ..core.blocks import box_shape, contiguous_box, flat_offset
 from ..planning.budget import MARGIN
-from ..planning.pieces import (Holders, REDUCERS, iter_parts, part_limit, recv_pieces,
+from ..planning.pieces import (Holders, iter_parts, part_limit, recv_pieces,
                                send_pieces)
 from . import p2p
 
@@ -309,7 +309,7 @@ class Exchange:
         self.src_box = None if mine is None else mine.box
         self.dst_box = None if self.target is None else self.target.box
         self.workspace = workspace
-        self.reducer = REDUCERS[op]
+        self.op = op
         self.sends = [Send((x.cls, (x.peer - me) % n, x.box), x.peer,
                            _relative(x.box, self.src_box), x.direct and not views)
                       for x in send_pieces(me, sources, targets, holders)]
@@ -356,9 +356,10 @@ class Exchange:
             out is not None or local is not None) else None
         source = Region(local) if local is not None else _EMPTY
         target = Region(out) if out is not None else _EMPTY
-        ctx.xp = xp or ctx.xp
+        ctx.xp = xp or ctx.xp           # the run's arrays: host or device
         move(ctx, self.comm, self.sends, self.recvs, source, target, self.limit, self.room,
-             self.reducer if self.combines else None, halves=True, posted=self.posted)
+             ctx.combiner(self.op) if self.combines else None, halves=True,
+             posted=self.posted)
 
 
 class _Nothing:

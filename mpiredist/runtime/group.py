@@ -42,13 +42,13 @@ import math
 import numpy as np
 
 from ..core.backend import (array_module, bytes_as, copy_into, cupy_or_error, device_dtype,
-                            on_device_of, refuse_device_sums, synchronize)
+                            combiner, on_device_of, synchronize)
 from ..core.blocks import box_size
 from ..core.errors import MpiredistError, PlanError, ShapeError
 from ..core.mesh import Mesh
 from ..planning import planner
 from ..planning.budget import MARGIN, workspace_for
-from ..planning.pieces import Holders, layout_sources, layout_targets, recv_pieces
+from ..planning.pieces import REDUCERS, Holders, layout_sources, layout_targets, recv_pieces
 from ..planning.plans import _bytes as format_bytes
 from .agree import agree, check_together, fingerprint
 from .comm import base_comm, library_comm
@@ -311,10 +311,6 @@ class TransferGroup:
         if cross:
             holds = any(a is not None for a in [*natives, *outs])
             kind = agreed_kind(self._base, repr(self), kind, holds)
-        if kind.device:     # agreed values: every rank raises, before data moves
-            for item in self._items:
-                refuse_device_sums(item.dtype, bool(item.src.partial) and not item.dst.partial,
-                                   f"{self!r}: item {item.name!r}")
         aware = kind.device and gpu_aware(self._base, repr(self))
         results = guard(self._base, repr(self), self._move, natives, outs, kind, aware)
         given = self._listed(out)
@@ -483,7 +479,9 @@ class TransferGroup:
                 value = natives[k][own]
             view = target[index]
             if combine:
-                self._items[k].exchange.reducer(view, on_device_of(view, value), out=view)
+                item = self._items[k]      # device bfloat16: its bits
+                combiner(REDUCERS[item.src.op], item.dtype, device)(
+                    view, on_device_of(view, value), out=view)
             else:
                 copy_into(view, value)
         synchronize(back)

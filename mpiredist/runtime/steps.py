@@ -44,7 +44,7 @@ from ..core.backend import synchronize
 from ..core.blocks import box_shape, contiguous_box, divides_evenly, overlap, rank_block
 from ..core.errors import CommunicationError
 from ..planning.budget import frame_shape
-from ..planning.pieces import REDUCERS, part_limit, plan_pieces, ring_part_limit
+from ..planning.pieces import part_limit, plan_pieces, ring_part_limit
 from ..planning.routing import member_digits, permute_dest, permute_source
 from . import collectives
 from .collectives import allreduce, message, mpi_op, reduce_limit, reduce_scatter
@@ -370,7 +370,7 @@ def _reduce_scatter(ctx, mem, index, step):
     comm = ctx.mc.sub(step.axes)
     g, me = comm.Get_size(), comm.Get_rank()
     op = mpi_op(ctx, ctx.plan.src.op)
-    reducer = REDUCERS[ctx.plan.src.op]
+    reducer = ctx.combiner(ctx.plan.src.op)
     if mem.in_place(step):
         return _reduce_scatter_in_place(ctx, mem, step, comm, op, reducer)
     digits = ctx.mc.digits
@@ -502,7 +502,7 @@ def _reduce_then_gather(ctx, mem, comm, flat, whole):
     bounds = [m * n // g for m in range(g + 1)]
     boxes = {m: ((bounds[m],), (bounds[m + 1] - bounds[m],)) for m in range(g)}
     reduce_by_parts(ctx, comm, Region(flat), boxes, Region(whole, *boxes[me]),
-                    REDUCERS[ctx.plan.src.op], False, reduction_rings(ctx, mem.room))
+                    ctx.combiner(ctx.plan.src.op), False, reduction_rings(ctx, mem.room))
     collectives.allgather(ctx, comm, None, whole, [(bounds[m + 1] - bounds[m]) * size
                                                    for m in range(g)],
                           [b * size for b in bounds[:-1]])

@@ -39,7 +39,7 @@ import warnings
 import numpy as np
 
 from ..core.backend import (Backend, array_module, backend_of, c_contiguous, cupy_or_error,
-                            device_dtype, is_gpu, refuse_device_sums)
+                            device_dtype, is_gpu)
 from ..core.blocks import box_shape, rank_block
 from ..core.errors import (BudgetWarning, ClosedError, DonationWarning, MemoryBudgetError,
                            MeshError, MpiredistError, PlanError, ShapeError)
@@ -245,8 +245,6 @@ class Transfer:
                 f"{self!r}: a donation was not honoured on some rank, and the run that "
                 "copies instead does not fit the memory of every rank")
         kind = self._agreed_kind(kind, local is not None or out is not None)
-        if kind.device:     # agreed values: every rank raises, before data moves
-            refuse_device_sums(self._dtype_of(), self._adds(), repr(self))
         if kind.device and not self._gpu_aware():
             result = self._staged(local, out, records, verdict)
         else:
@@ -290,11 +288,6 @@ class Transfer:
         raise NotImplementedError
 
     def _dtype_of(self):
-        raise NotImplementedError
-
-    def _adds(self):
-        """True if a run adds partial sums (a source partial axis the target
-        does not keep)."""
         raise NotImplementedError
 
     def explain(self):
@@ -527,10 +520,9 @@ class MeshTransfer(Transfer):
             self._choices[variant] = choose(self._plan, False, self._workspace, True)
         choice = self._choices[variant]
         if variant not in self._contexts:
-            dtype = self._plan.dtype if variant is not Variant.DEVICE else \
-                device_dtype(self._plan.dtype)          # bfloat16: its int16 bits
-            ctx = self._contexts[variant] = Context(self._comm, dtype, array_module(local),
-                                                    choice.plan, self._mc)
+            ctx = self._contexts[variant] = Context(self._comm, self._plan.dtype,
+                                                    array_module(local), choice.plan, self._mc,
+                                                    device=variant is Variant.DEVICE)
             ctx.reduce_room = reduction_room(choice.budget.workspace)
             fits = choice.budget
             if choice.inplace and fits.inplace_peak > fits.limit:
@@ -566,9 +558,6 @@ class MeshTransfer(Transfer):
 
     def _dtype_of(self):
         return self._plan.dtype
-
-    def _adds(self):
-        return bool(set(self._plan.src.partial) - set(self._plan.dst.partial))
 
     def _release(self):
         """Datatypes and kept buffers; sub-communicators belong to the mesh's
@@ -804,9 +793,6 @@ class CrossTransfer(Transfer):
     def _dtype_of(self):
         return self._dtype
 
-    def _adds(self):
-        return bool(self._src.partial)      # the target's pieces are whole sums
-
     def explain(self):
         return self.plan.explain()
 
@@ -849,7 +835,7 @@ def gpu_aware(base, what):
 def _staged_context(comm, dtype):
     """A context whose exchange stages device parts of ``dtype`` through host
     rings (typed as the device holds them: bfloat16 as int16 bits)."""
-    ctx = Context(comm, device_dtype(dtype))
+    ctx = Context(comm, dtype, device=True)
     ctx.staged = True
     return ctx
 

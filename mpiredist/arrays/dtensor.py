@@ -14,8 +14,12 @@ rank that holds it to the rank that needs it, in pipelined parts, partial
 sums combined in a fixed order) moves them on MPI's ``COMM_WORLD``, within
 max(S, T) + W per rank.  ``torch.distributed`` must span the same ranks in
 the same order (e.g. gloo initialised under ``mpirun`` with the MPI rank
-and size); DTensors on the CPU.  The exchanges are cached per (shape,
-dtype, placements, meshes).
+and size).  DTensors on the CPU or on CUDA devices: the local tensors of
+CUDA DTensors move by the device path of :class:`mpiredist.Transfer` (to
+MPI directly where it is CUDA-aware, else staged through host rings within
+W; bfloat16 as its int16 bits), and the result is a CUDA DTensor.  The
+exchanges are cached per (shape, dtype, placements, meshes, device,
+staged).
 
 Every rank of ``COMM_WORLD`` calls; a rank outside the source mesh passes
 None (it learns the shape, dtype and placements from the others), one
@@ -25,7 +29,8 @@ any data moves.
 
 import numpy as np
 
-from ..core.backend import as_dtype, backend_of, dtype_text
+from ..core.backend import (Backend, array_module, as_dtype, backend_of, c_contiguous,
+                            cupy_or_error, dtype_text)
 from ..core.caches import PerObject, recent
 from ..core.errors import MpiredistError, ShapeError
 from ..core.layout import REDUCE_OPS
@@ -35,6 +40,7 @@ from ..runtime.agree import agree
 from ..runtime.comm import kept, library_comm, mpi
 from ..runtime.context import Context
 from ..runtime.exchange import Exchange
+from ..runtime.transfer import gpu_aware
 
 __all__ = ["redistribute"]
 
@@ -103,8 +109,10 @@ def redistribute(dtensor, placements, device_mesh=None, workspace_bytes=None):
             if dtensor.requires_grad:
                 raise ShapeError(f"rank {rank}: the DTensor requires grad; mpiredist moves "
                                  "values, not the autograd graph: pass x.detach()")
+            tensor = dtensor.to_local()
             mine = (tuple(dtensor.shape), dtype_text(dtensor.dtype),
-                    _mesh_info(dtensor.device_mesh), placement_kinds(dtensor.placements))
+                    _mesh_info(dtensor.device_mesh), placement_kinds(dtensor.placements),
+                    backend_of(tensor).device)
             call = _Call(rank, mine, dtensor, placements, device_mesh, workspace_bytes)
     except (ValueError, MpiredistError) as exc:
         error = exc
@@ -122,16 +130,21 @@ def redistribute(dtensor, placements, device_mesh=None, workspace_bytes=None):
             error = exc
         agree(comm, "mr.torch.redistribute (arguments)", error,
               call.same if call is not None else None)
-    ex = _exchange(call, comm)
+    # agreed: every rank takes the same path (a collective on the first device call)
+    staged = call.device and not gpu_aware(comm, "mr.torch.redistribute")
+    ex = _exchange(call, comm, staged)
     local = None
     if holds:
-        tensor = dtensor.to_local()
-        local = np.ascontiguousarray(backend_of(tensor).native(tensor))
-    out = None if ex.target_shape is None else np.empty(ex.target_shape, call.dtype)
+        local = backend_of(tensor).native(tensor)
+        if not c_contiguous(local):
+            local = array_module(local).ascontiguousarray(local)
+    out = None
+    if ex.target_shape is not None:     # on the device: bfloat16 as int16 bits
+        out = (cupy_or_error() if call.device else np).empty(ex.target_shape, ex.ctx.dtype)
     ex.run(local, out)
     if out is None:
         return None
-    result = backend_of(torch.empty(0)).wrap(out)
+    result = Backend("torch", call.device).wrap(out, call.dtype)
     shape = call.shape
     stride = tuple(int(np.prod(shape[k + 1:])) for k in range(len(shape)))
     return DTensor.from_local(result, call.dst_mesh, call.placements, run_check=False,
@@ -144,7 +157,7 @@ class _Call:
     from the arguments; ``same`` is what every rank must agree on."""
 
     def __init__(self, rank, source, dtensor, placements, device_mesh, workspace):
-        shape, dtype_name, src_info, src_key = source
+        shape, dtype_name, src_info, src_key, device = source
         dst_mesh = device_mesh if device_mesh is not None else (
             dtensor.device_mesh if dtensor is not None else None)
         if dst_mesh is None:
@@ -167,28 +180,28 @@ class _Call:
                              "partial mesh dims on the same mesh")
         if dtensor is not None and rank not in src_info[0]:
             raise ShapeError(f"rank {rank} is outside the source mesh: pass None")
-        if dtensor is not None and dtensor.device_mesh.device_type != "cpu":
-            raise ShapeError("mr.torch.redistribute moves CPU DTensors (gloo); CUDA "
-                             "DTensors: not yet")
         self.shape, self.dst_mesh, self.placements = shape, dst_mesh, placements
         self.dtype = as_dtype(dtype_name)
         self.src_info, self.src_key, self.dst_info, self.dst_key = (src_info, src_key,
                                                                     dst_info, dst_key)
         self.keep, self.op = keep, ops.pop() if ops else "sum"
-        self.workspace = workspace
-        self.key = (shape, dtype_text(self.dtype), src_info, src_key, dst_info, dst_key, workspace)
+        self.workspace, self.device = workspace, device
+        self.key = (shape, dtype_text(self.dtype), src_info, src_key, dst_info, dst_key, workspace,
+                    device)
         self.same = {"shape": shape, "dtype": dtype_name, "source mesh": src_info,
                      "source placements": src_key, "target mesh": dst_info,
-                     "target placements": dst_key, "workspace_bytes": workspace}
+                     "target placements": dst_key, "workspace_bytes": workspace,
+                     "on a device": device}
 
 
-def _exchange(call, comm):
+def _exchange(call, comm, staged):
     def make():
         size = comm.Get_size()
         sources = _entries(call.shape, call.src_info, call.src_key, size, False, call.keep)
         targets = _entries(call.shape, call.dst_info, call.dst_key, size, True, call.keep)
         w = exchange_workspace(sources, targets, call.dtype.itemsize) \
             if call.workspace is None else int(call.workspace)
-        return Exchange(Context(library_comm(comm), call.dtype), sources, targets, w, call.op)
+        ctx = Context(library_comm(comm), call.dtype, device=call.device, staged=staged)
+        return Exchange(ctx, sources, targets, w, call.op)
 
-    return recent(kept(comm, "dtensor exchanges"), call.key, make, _CACHE_SIZE)
+    return recent(kept(comm, "dtensor exchanges"), call.key + (staged,), make, _CACHE_SIZE)

@@ -44,9 +44,12 @@ class Context:
         The values are those of device arrays, also where a staged run holds
         them in host rings (a context whose ``xp`` a run sets to CuPy is one
         too); partial sums of them combine by :meth:`combiner`.
+    staged : bool
+        Device values whose every part goes through host rings (the MPI
+        library is not CUDA-aware).
     """
 
-    def __init__(self, comm, dtype, xp=np, plan=None, mc=None, device=False):
+    def __init__(self, comm, dtype, xp=np, plan=None, mc=None, device=False, staged=False):
         self.MPI = mpi()
         self.comm, self.plan, self.mc, self.xp = comm, plan, mc, xp
         self.values = np.dtype(dtype)
@@ -56,7 +59,7 @@ class Context:
         self.elem = self.MPI.BYTE.Create_contiguous(self.itemsize).Commit()
         self.types = []
         self.pool = None        # buffers kept between runs (a dict), or None
-        self.staged = False     # device arrays, rings on the host (MPI not CUDA-aware)
+        self.staged = staged    # device arrays, rings on the host (MPI not CUDA-aware)
         self.current = None     # index of the step running
         self.count_limit = count_limit(self.MPI)
         self.reduce_room = 1 << 62  # bytes a reduction call may carry (set from W)

@@ -56,7 +56,7 @@ from .context import Context
 from .exchange import Exchange, _index, _offsets
 from .failure import guard
 from .inputs import check_block, check_out, check_workspace
-from .transfer import _HOST, _native, _same_comm, _staged_context, agreed_kind, gpu_aware
+from .transfer import _HOST, _native, _same_comm, agreed_kind, gpu_aware
 
 __all__ = ["TransferGroup"]
 
@@ -397,7 +397,8 @@ class TransferGroup:
         found = self._staged.get(k)
         if found is None:
             item = self._items[k]
-            found = self._staged[k] = Exchange(_staged_context(self._comm, item.dtype),
+            found = self._staged[k] = Exchange(Context(self._comm, item.dtype, device=True,
+                                                       staged=True),
                                                *item.pieces, self._workspace, item.src.op)
         return found
 

@@ -551,8 +551,8 @@ class MeshTransfer(Transfer):
             plan = self._plan
             sources, targets = plan_pieces(plan, plan.src, plan.dst,
                                            keep_classes=bool(plan.dst.partial))
-            found = Exchange(_staged_context(self._comm, plan.dtype), sources, targets,
-                             self._workspace, plan.src.op, views=True)
+            found = Exchange(Context(self._comm, plan.dtype, device=True, staged=True),
+                             sources, targets, self._workspace, plan.src.op, views=True)
             self._kept.setdefault(Variant.DEVICE, {})["staged"] = found
         return found
 
@@ -785,9 +785,9 @@ class CrossTransfer(Transfer):
     def _staging(self, local):
         if self._staged_exchange is None:
             sources, targets = self._pieces
-            self._staged_exchange = Exchange(_staged_context(self._comm, self._dtype), sources,
-                                             targets, self._workspace, self._src.op,
-                                             views=True)
+            self._staged_exchange = Exchange(
+                Context(self._comm, self._dtype, device=True, staged=True), sources, targets,
+                self._workspace, self._src.op, views=True)
         return self._staged_exchange
 
     def _dtype_of(self):
@@ -830,14 +830,6 @@ def gpu_aware(base, what):
                          "and MPIREDIST_GPU_STAGING=0 forbids staging through host "
                          "memory")
     return aware
-
-
-def _staged_context(comm, dtype):
-    """A context whose exchange stages device parts of ``dtype`` through host
-    rings (typed as the device holds them: bfloat16 as int16 bits)."""
-    ctx = Context(comm, dtype, device=True)
-    ctx.staged = True
-    return ctx
 
 
 def _run_exchange(base, name, ex, local, out, device, dtype):

@@ -9,7 +9,6 @@ slicing of the full tensor by DTensor's block rule) everywhere, uneven
 lengths included; between meshes, where DTensor refuses.
 """
 
-import numpy as np
 import pytest
 from mpi4py import MPI
 
@@ -148,3 +147,70 @@ def test_ranks_that_disagree_raise_together():
     got = mr.torch.redistribute(y, [Shard(1)], device_mesh=mesh)
     all_ok(COMM, torch.equal(got.to_local(), _oracle(torch.ones(2 * P, 3), mesh, [Shard(1)])),
            "outside the source mesh")
+
+
+# ---------------------------------------------------------- CUDA DTensors, faked
+
+@pytest.fixture(params=["aware", "staged"])
+def cuda_locals(request, monkeypatch):
+    """DTensors whose local tensors are (fake) CUDA tensors: the fake CuPy of
+    tests/fakecupy.py installed, ``DTensor.to_local`` handing out its tensor
+    as a fake CUDA tensor over the same memory while the context is entered,
+    MPI taken as CUDA-aware or not.  mr.torch.redistribute runs on
+    COMM_WORLD, whose agreed awareness is forgotten before and after."""
+    import contextlib
+
+    import fakecupy
+    from mpiredist.runtime.comm import GPU, _cache
+    before = fakecupy.install()
+    monkeypatch.setenv("MPIREDIST_GPU_AWARE", "1" if request.param == "aware" else "0")
+    _cache(COMM).pop(GPU, None)
+    plain = DTensor.to_local
+
+    @contextlib.contextmanager
+    def on_device():
+        DTensor.to_local = lambda self, *a, **k: fakecupy.torch_cuda(plain(self, *a, **k))
+        try:
+            yield
+        finally:
+            DTensor.to_local = plain
+    yield request.param, on_device, fakecupy
+    _cache(COMM).pop(GPU, None)
+    fakecupy.uninstall(before)
+
+
+def test_cuda_dtensors(cuda_locals):
+    """CUDA DTensors (their local tensors faked over host memory) move by the
+    device path, in both modes: the result equals DTensor's own redistribute
+    and the oracle; partial sums of bfloat16 equal the host DTensor's bit for
+    bit (the same exchange, combined on the device through float32); the
+    result is allocated on the device, and the staged mode copies parts
+    between the device and the host."""
+    name, on_device, fakecupy = cuda_locals
+    mesh = DeviceMesh("cpu", torch.arange(P), mesh_dim_names=("x",))
+    torch.manual_seed(3)
+    G = torch.randn(2 * P + 1, 7)
+    for src, dst in PAIRS_1D:
+        x = distribute_tensor(G, mesh, src)
+        fakecupy.reset()
+        with on_device():
+            ours = mr.torch.redistribute(x, dst)
+        counts = dict(fakecupy.COUNTS)
+        want = _oracle(G, mesh, dst)
+        ok = (isinstance(ours, DTensor) and list(ours.placements) == dst
+              and torch.equal(ours.to_local(), want)
+              and torch.equal(ours.to_local(), x.redistribute(mesh, dst).to_local()))
+        moves = P > 1 and src != dst and src != [Replicate()]   # else all pieces local
+        copies = COMM.allreduce(counts.get("to_host", 0) + counts.get("to_device", 0))
+        path = counts.get("alloc", 0) >= 1 and (name == "aware" or not moves or copies > 0)
+        all_ok(COMM, ok and path, f"{name} {src} -> {dst}: result {ok}, device path {counts}")
+
+    parts = [(torch.randn(2 * P + 3, 5) * 8).to(torch.bfloat16) for _ in range(P)]
+    x = DTensor.from_local(parts[RANK], mesh, [Partial()], run_check=False)
+    for dst in ([Shard(0)], [Replicate()]):
+        host = mr.torch.redistribute(x, dst)
+        with on_device():
+            got = mr.torch.redistribute(x, dst)
+        all_ok(COMM, got.dtype == torch.bfloat16 and torch.equal(
+            got.to_local().view(torch.int16), host.to_local().view(torch.int16)),
+            f"{name}: bf16 Partial -> {dst} as on the host")

@@ -20,7 +20,9 @@ torch: ``torch.cuda.max_memory_allocated``) against the contract
 max(S, T) + W, and the median time.  Then a TransferGroup of three arrays,
 and bfloat16 torch CUDA tensors (which move as their int16 bits): a reshard,
 a reduce-scatter and an all-reduce of partial sums of integers (exact in
-bfloat16, so against the oracle), and a max.  ``--fake`` runs on a CPU with
+bfloat16, so against the oracle), and a max; and a CUDA DTensor through
+``mr.torch.redistribute`` (gloo over the same ranks; skipped, with the
+reason, where no CUDA DeviceMesh can be made).  ``--fake`` runs on a CPU with
 the fake CuPy of ``tests/fakecupy.py`` and its fake CUDA tensors (no memory
 figures), so that the script is kept working where no GPU is.  Exit status 1 if any result is wrong or any
 device peak exceeds its bound.
@@ -273,6 +275,56 @@ def main(argv=None):
                 rows.append(("bf16", "torch", mode, "ok" if all_good else "WRONG",
                              f"{statistics.median(times) * 1e3:.2f}", "-",
                              f"bfloat16 {src} -> {dst}"))
+    # a CUDA DTensor through mr.torch.redistribute (gloo over the same ranks as
+    # MPI; COMM_WORLD, whose CUDA-awareness is agreed once: one mode)
+    if has_torch:
+        mode = "aware" if aware else "staged"
+        os.environ["MPIREDIST_GPU_AWARE"] = "1" if aware else "0"
+        try:
+            import socket
+
+            import torch.distributed as dist
+            from torch.distributed.device_mesh import DeviceMesh
+            from torch.distributed.tensor import DTensor, Shard
+            if not dist.is_initialized():
+                port = None
+                if rank == 0:
+                    with socket.socket() as s:
+                        s.bind(("127.0.0.1", 0))
+                        port = s.getsockname()[1]
+                port = comm.bcast(port)
+                dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                        rank=rank, world_size=p)
+            dmesh = DeviceMesh("cuda", torch.arange(p), mesh_dim_names=("x",))
+        except Exception as exc:        # no CUDA DeviceMesh here: say why, not a failure
+            rows.append(("dtens", "torch", mode, "skip", "-", "-",
+                         f"no CUDA DeviceMesh ({type(exc).__name__}: {exc})"[:90]))
+        else:
+            shape = (8 * p + 3, 6 * p + 1)
+            G = oracle.global_array(shape, np.dtype("f4"), np.random.default_rng(13))
+            mine = oracle.local_block(G, [("x", p)], [["x"], []], rank)
+            want = oracle.expected(G, [("x", p)], [[], ["x"]], rank)
+            x = DTensor.from_local(torch.from_numpy(np.ascontiguousarray(mine)).cuda(), dmesh,
+                                   [Shard(0)], run_check=False, shape=torch.Size(shape),
+                                   stride=(shape[1], 1))
+            times, ok = [], False
+            try:
+                got = mr.torch.redistribute(x, [Shard(1)])                  # warm
+                for _ in range(args.repeats):
+                    comm.Barrier()
+                    t0 = time.perf_counter()
+                    got = mr.torch.redistribute(x, [Shard(1)])
+                    sync("torch")
+                    times.append(time.perf_counter() - t0)
+                local = got.to_local()
+                ok = local.is_cuda and np.array_equal(local.cpu().numpy(), want)
+                note = "DTensor Shard(0) -> Shard(1), CUDA in and out"
+            except Exception as exc:        # a wrong or failing run: counted as a problem
+                note = f"{type(exc).__name__}: {exc}"[:90]
+            all_good = all(comm.allgather(ok))
+            bad += not all_good
+            rows.append(("dtens", "torch", mode, "ok" if all_good else "WRONG",
+                         f"{statistics.median(times) * 1e3:.2f}" if times else "-", "-", note))
     if rank == 0:
         print(f"gpu_check: {p} ranks, {'fake CuPy (CPU)' if args.fake else 'GPU 0'}, "
               f"MPI {MPI.Get_library_version().splitlines()[0].strip()}, CUDA-aware: "

@@ -22,10 +22,10 @@ and bfloat16 torch CUDA tensors (which move as their int16 bits): a reshard,
 a reduce-scatter and an all-reduce of partial sums of integers (exact in
 bfloat16, so against the oracle), and a max; and a CUDA DTensor through
 ``mr.torch.redistribute`` (gloo over the same ranks; skipped, with the
-reason, where no CUDA DeviceMesh can be made).  ``--fake`` runs on a CPU with
-the fake CuPy of ``tests/fakecupy.py`` and its fake CUDA tensors (no memory
-figures), so that the script is kept working where no GPU is.  Exit status 1 if any result is wrong or any
-device peak exceeds its bound.
+reason, where no CUDA DeviceMesh can be made).  ``--fake`` runs on a CPU
+with the fake CuPy of ``tests/fakecupy.py`` and its fake CUDA tensors (no
+memory figures), so that the script is kept working where no GPU is.  Exit
+status 1 if any result is wrong or any device peak exceeds its bound.
 """
 
 import argparse

@@ -328,17 +328,19 @@ def test_cuda_tensors(device, dtype):
 
 
 @pytest.mark.parametrize("op", ["sum", "max", "min"])
-def test_bf16_cuda_partial_sums(device, op):
-    """The device holds bfloat16 as int16 bits; partial sums of bfloat16 CUDA
-    tensors are combined through float32 on the device, bit for bit as the
-    host combines bfloat16 tensors (numpy's ml_dtypes): a reduce-scatter (also
-    in pipelined parts within a small W), an all-reduce, between meshes and in
-    a group, in both modes.  The reduce-scatter sum is also the fixed-order
-    sum; the sources are unchanged."""
+@pytest.mark.parametrize("dtype", ["bf16", "f2"])
+def test_cuda_partial_sums_in_fixed_order(device, dtype, op):
+    """Partial sums of bfloat16 and float16 CUDA tensors, which MPI cannot
+    reduce, combined on the device in a fixed order, bit for bit as the host
+    combines them (numpy; the device holds bfloat16 as int16 bits and adds
+    them through float32): a reduce-scatter (also in pipelined parts within a
+    small W), an all-reduce, between meshes and in a group, in both modes.
+    The reduce-scatter sum is also the fixed-order sum; the sources are
+    unchanged."""
     name, comm, fakecupy = device
     mesh = mr.Mesh(f"x={P}", comm=comm)
     shape, src = (16 * P + 3, 96), f"[{{}}, {{}}] {op}{{x}}"
-    parts = _parts(shape, BF16, 7)
+    parts = _parts(shape, BF16 if dtype == "bf16" else np.dtype(np.float16), 7)
     host, cuda = _tensor(parts[RANK]), fakecupy.torch_cuda(_tensor(parts[RANK]))
     before = _host_values(cuda).copy()
     rows = oracle.block_slices(shape, MESH, [["x"], []], RANK)
@@ -350,29 +352,29 @@ def test_bf16_cuda_partial_sums(device, op):
             want = _fixed_order([p[mine] for p in parts], 0)
         else:           # the plan's steps, as for host tensors
             want = _numpy(mr.redistribute(host, shape, mesh, src, dst, workspace_bytes=w))
-        all_ok(COMM, _same_values(got, want, "bf16"),
-               f"{name} bf16 {op} -> {dst}, W={w}: as the host combines")
+        all_ok(COMM, _same_values(got, want, dtype),
+               f"{name} {dtype} {op} -> {dst}, W={w}: as the host combines")
     if op == "sum" and name == "aware":
         fixed = _fixed_order([p[rows] for p in parts], RANK)
         got = mr.redistribute(cuda, shape, mesh, src, "[{x}, {}]")
-        all_ok(COMM, _same_values(got, fixed, "bf16"), f"{name}: the fixed-order sum")
+        all_ok(COMM, _same_values(got, fixed, dtype), f"{name}: the fixed-order sum")
 
     other = mr.Mesh(f"a={P}", ranks=[int(r) for r in np.random.default_rng(2).permutation(P)],
                     comm=comm)
     want = mr.redistribute(host, shape, mesh, src, "[{a}, {}]", dst_mesh=other)
     got = mr.redistribute(cuda, shape, mesh, src, "[{a}, {}]", dst_mesh=other)
-    all_ok(COMM, _same_values(got, _numpy(want), "bf16"), f"{name} bf16 {op}: between meshes")
+    all_ok(COMM, _same_values(got, _numpy(want), dtype), f"{name} {dtype} {op}: between meshes")
 
-    items = {"w": (shape, torch.bfloat16, src, "[{x}, {}]"),
-             "v": ((2 * P, 3), torch.bfloat16, "[{x}, {}]", "[{}, {}]")}
-    small = _tensor(_global((2 * P, 3), "bf16", 4)[2 * RANK:2 * RANK + 2])
+    items = {"w": (shape, TORCH[dtype], src, "[{x}, {}]"),
+             "v": ((2 * P, 3), TORCH[dtype], "[{x}, {}]", "[{}, {}]")}
+    small = _tensor(_global((2 * P, 3), dtype, 4)[2 * RANK:2 * RANK + 2])
     for w in (None, 4096):     # 4 KiB: "w" moves alone, as an exchange
         with mr.TransferGroup(items, mesh, workspace_bytes=w) as g:
             assert ("item 'w' alone" in g.explain()) == (w is not None and P > 1)
             want = g.run({"w": host, "v": small})
             got = g.run({"w": cuda, "v": fakecupy.torch_cuda(small)})
-        all_ok(COMM, all(_same_values(got[k], _numpy(want[k]), "bf16") for k in items),
-               f"{name} bf16 {op}: a group, W={w}")
+        all_ok(COMM, all(_same_values(got[k], _numpy(want[k]), dtype) for k in items),
+               f"{name} {dtype} {op}: a group, W={w}")
     all_ok(COMM, np.array_equal(_host_values(cuda).view(np.uint8), before.view(np.uint8)),
            "the source is unchanged")
 

@@ -29,8 +29,7 @@ any data moves.
 
 import numpy as np
 
-from ..core.backend import (Backend, array_module, as_dtype, backend_of, c_contiguous,
-                            cupy_or_error, dtype_text)
+from ..core.backend import Backend, as_dtype, backend_of, dtype_text
 from ..core.caches import PerObject, recent
 from ..core.errors import MpiredistError, ShapeError
 from ..core.layout import REDUCE_OPS
@@ -40,7 +39,7 @@ from ..runtime.agree import agree
 from ..runtime.comm import kept, library_comm, mpi
 from ..runtime.context import Context
 from ..runtime.exchange import Exchange
-from ..runtime.transfer import gpu_aware
+from ..runtime.transfer import gpu_aware, run_exchange
 
 __all__ = ["redistribute"]
 
@@ -133,15 +132,8 @@ def redistribute(dtensor, placements, device_mesh=None, workspace_bytes=None):
     # agreed: every rank takes the same path (a collective on the first device call)
     staged = call.device and not gpu_aware(comm, "mr.torch.redistribute")
     ex = _exchange(call, comm, staged)
-    local = None
-    if holds:
-        local = backend_of(tensor).native(tensor)
-        if not c_contiguous(local):
-            local = array_module(local).ascontiguousarray(local)
-    out = None
-    if ex.target_shape is not None:     # on the device: bfloat16 as int16 bits
-        out = (cupy_or_error() if call.device else np).empty(ex.target_shape, ex.ctx.dtype)
-    ex.run(local, out)
+    local = backend_of(tensor).native(tensor) if holds else None
+    out = run_exchange(comm, "mr.torch.redistribute", ex, local, None, call.device, call.dtype)
     if out is None:
         return None
     result = Backend("torch", call.device).wrap(out, call.dtype)
@@ -201,7 +193,7 @@ def _exchange(call, comm, staged):
         targets = _entries(call.shape, call.dst_info, call.dst_key, size, True, call.keep)
         w = exchange_workspace(sources, targets, call.dtype.itemsize) \
             if call.workspace is None else int(call.workspace)
-        ctx = Context(library_comm(comm), call.dtype, device=call.device, staged=staged)
-        return Exchange(ctx, sources, targets, w, call.op)
+        return Exchange(Context(library_comm(comm), call.dtype, staged=staged), sources,
+                        targets, w, call.op)
 
     return recent(kept(comm, "dtensor exchanges"), call.key + (staged,), make, _CACHE_SIZE)

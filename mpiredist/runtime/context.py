@@ -32,30 +32,25 @@ class Context:
         The communicator the run's point-to-point messages use.
     dtype : numpy dtype
         The dtype of the values (``values``).  The arrays hold it as
-        ``self.dtype``: the same, but for device values (``device``), which
-        hold bfloat16 as its int16 bits
-        (:func:`~mpiredist.core.backend.device_dtype`).
+        :attr:`dtype`: the same, but for device values, which hold bfloat16
+        as its int16 bits (:func:`~mpiredist.core.backend.device_dtype`).
     xp : module
-        ``numpy`` or ``cupy``: the library of the arrays.
+        ``numpy`` or ``cupy``: the library of the arrays (an exchange's run
+        sets it to its arrays' library).
     plan : Plan, optional
     mc : MeshComm, optional
         The plan's mesh communicators (sub-communicators of its steps).
-    device : bool
-        The values are those of device arrays, also where a staged run holds
-        them in host rings (a context whose ``xp`` a run sets to CuPy is one
-        too); partial sums of them combine by :meth:`combiner`.
     staged : bool
         Device values whose every part goes through host rings (the MPI
         library is not CUDA-aware).
     """
 
-    def __init__(self, comm, dtype, xp=np, plan=None, mc=None, device=False, staged=False):
+    def __init__(self, comm, dtype, xp=np, plan=None, mc=None, staged=False):
         self.MPI = mpi()
         self.comm, self.plan, self.mc, self.xp = comm, plan, mc, xp
         self.values = np.dtype(dtype)
-        self.device = device
-        self.dtype = device_dtype(dtype) if device else self.values
-        self.itemsize = self.dtype.itemsize
+        self._held = device_dtype(dtype)        # on the device
+        self.itemsize = self.values.itemsize
         self.elem = self.MPI.BYTE.Create_contiguous(self.itemsize).Commit()
         self.types = []
         self.pool = None        # buffers kept between runs (a dict), or None
@@ -70,12 +65,21 @@ class Context:
     def __repr__(self):
         return f"Context({self.dtype}, plan={self.plan is not None}, routes={len(self.routes)})"
 
+    @property
+    def device(self):
+        """True for device values: CuPy arrays, or a staged run's host rings."""
+        return self.staged or self.xp is not np
+
+    @property
+    def dtype(self):
+        """The dtype the arrays hold (device bfloat16: int16)."""
+        return self._held if self.device else self.values
+
     def combiner(self, op):
         """The function that combines partial values by partial op ``op``
         (``f(acc, part, out=acc)``: :func:`~mpiredist.core.backend.combiner`)
-        in this context's arrays: device ones (``device``, or CuPy arrays in
-        ``xp``) hold bfloat16 as its int16 bits."""
-        return combiner(REDUCERS[op], self.values, self.device or self.xp is not np)
+        in this context's arrays."""
+        return combiner(REDUCERS[op], self.values, self.device)
 
     # ------------------------------------------------------------ buffers
 

@@ -397,8 +397,7 @@ class TransferGroup:
         found = self._staged.get(k)
         if found is None:
             item = self._items[k]
-            found = self._staged[k] = Exchange(Context(self._comm, item.dtype, device=True,
-                                                       staged=True),
+            found = self._staged[k] = Exchange(Context(self._comm, item.dtype, staged=True),
                                                *item.pieces, self._workspace, item.src.op)
         return found
 

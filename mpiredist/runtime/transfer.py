@@ -277,7 +277,7 @@ class Transfer:
         if self._donate:
             self._warn_donation(verdict.why)
         t0, calls = time.perf_counter(), ex.ctx.calls
-        result = _run_exchange(self._base, repr(self), ex, local, out, True, self._dtype_of())
+        result = run_exchange(self._base, repr(self), ex, local, out, True, self._dtype_of())
         if records is not None:
             records.append(steps.StepRecord("exchange", ex.bytes_sent, time.perf_counter() - t0,
                                             ex.ctx.calls - calls))
@@ -521,8 +521,7 @@ class MeshTransfer(Transfer):
         choice = self._choices[variant]
         if variant not in self._contexts:
             ctx = self._contexts[variant] = Context(self._comm, self._plan.dtype,
-                                                    array_module(local), choice.plan, self._mc,
-                                                    device=variant is Variant.DEVICE)
+                                                    array_module(local), choice.plan, self._mc)
             ctx.reduce_room = reduction_room(choice.budget.workspace)
             fits = choice.budget
             if choice.inplace and fits.inplace_peak > fits.limit:
@@ -551,7 +550,7 @@ class MeshTransfer(Transfer):
             plan = self._plan
             sources, targets = plan_pieces(plan, plan.src, plan.dst,
                                            keep_classes=bool(plan.dst.partial))
-            found = Exchange(Context(self._comm, plan.dtype, device=True, staged=True),
+            found = Exchange(Context(self._comm, plan.dtype, staged=True),
                              sources, targets, self._workspace, plan.src.op, views=True)
             self._kept.setdefault(Variant.DEVICE, {})["staged"] = found
         return found
@@ -779,14 +778,14 @@ class CrossTransfer(Transfer):
         return given if given is not None else kind.wrap(result, self._dtype_of())
 
     def _execute(self, local, out, kind, donate_ok, verdict, records):
-        return _run_exchange(self._base, repr(self), self._exchange, local, out, kind.device,
+        return run_exchange(self._base, repr(self), self._exchange, local, out, kind.device,
                              self._dtype)
 
     def _staging(self, local):
         if self._staged_exchange is None:
             sources, targets = self._pieces
             self._staged_exchange = Exchange(
-                Context(self._comm, self._dtype, device=True, staged=True), sources, targets,
+                Context(self._comm, self._dtype, staged=True), sources, targets,
                 self._workspace, self._src.op, views=True)
         return self._staged_exchange
 
@@ -832,7 +831,7 @@ def gpu_aware(base, what):
     return aware
 
 
-def _run_exchange(base, name, ex, local, out, device, dtype):
+def run_exchange(base, name, ex, local, out, device, dtype):
     """Run Exchange ``ex`` from ``local`` into ``out`` (or a new array of its
     library, on the device for ``device``); a failure aborts the job."""
     def run():                          # data moves from here: a failure aborts

@@ -148,3 +148,48 @@ def test_freeing_the_soaks_communicators_does_not_crash():
                           env=env, capture_output=True, text=True, timeout=240)
     out = done.stdout + done.stderr
     assert done.returncode == 0 and out.count("freed") == 5, out[-3000:]
+
+
+# Freeing a communicator runs the delete callbacks of its attributes, newest
+# first, while MPICH's attribute list still starts at the ones already freed;
+# a freed one's keyval is the allocator's next free slot, NULL when the pool
+# ran dry.  A Python delete callback (mpi4py wraps the handle, calling
+# MPI_Topo_test, which walks that list) then segfaulted whenever an attribute
+# set after mpiredist's was freed at a pool boundary: a user's attribute,
+# mpi4py's own.  Both parities of the pool are tried; thousands of live
+# attributes cross several of MPICH's 1024-slot blocks.
+_ATTR_JOB = """
+from mpi4py import MPI
+import mpiredist as mr
+from mpiredist.runtime.comm import kept
+W = MPI.COMM_WORLD
+from mpiredist.runtime.comm import mesh_comm
+mesh_comm(mr.Mesh({"x": W.Get_size()}))                # a Cartesian communicator exists
+theirs = MPI.Comm.Create_keyval()
+freed = []
+class Kept:
+    def free(self):
+        freed.append(1)
+for shift in (0, 1):
+    if shift:
+        W.Set_attr(theirs, "one more live attribute")
+    live = []
+    for i in range(2400):
+        c = W.Dup()
+        kept(c, "test")["x"] = Kept()  # mpiredist's attribute first
+        c.Set_attr(theirs, i)          # then someone else's
+        (live.append if i % 3 == 0 else lambda c: c.Free())(c)
+    for c in live:
+        c.Free()
+assert len(freed) == 4800, len(freed)        # what mpiredist kept was freed with each
+print("freed", W.rank, flush=True)
+"""
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec next to this Python or on PATH")
+def test_freeing_a_communicator_with_a_later_attribute_does_not_crash():
+    env = job_env(2)
+    done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-c", _ATTR_JOB], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=240)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and out.count("freed") == 2, out[-3000:]

@@ -9,6 +9,7 @@ index over the group (first sub-axis major).
 
 import ctypes
 import os
+import sys
 
 import numpy as np
 
@@ -111,20 +112,37 @@ _KEYVAL = []       # the MPI attribute key under which meshes are cached
 _CACHED = []       # communicators that carry a cache, for free_all()
 
 
-def _on_free(comm, keyval, cache):
-    """MPI attribute delete callback: the communicator is being freed."""
-    for objects in cache.pop(KEPT, {}).values():
-        for obj in objects.values():
-            obj.free()
-    for key, mc in cache.items():
-        if key in (TOPOLOGY, GPU):
-            continue
-        if key in (LIBRARY, NODE):
-            mc.Free()
-        elif mc.comm is not None:
-            mc.free()
-    cache.clear()
-    return 0
+class _Cache(dict):
+    """What mpiredist keeps for one communicator, held as its MPI attribute;
+    everything in it is freed when the communicator is (or by :func:`free_all`).
+
+    The attribute has no Python delete callback: freeing the communicator
+    drops mpi4py's reference to this dict, and that frees its contents.  A
+    delete callback would have mpi4py wrap the handle being freed (which
+    calls ``MPI_Topo_test``); under MPICH that walks the communicator's
+    attribute list while the entries ahead of this one are already freed,
+    and crashed whenever an attribute set after mpiredist's (a user's,
+    mpi4py's own) was freed at the end of a block of MPICH's attribute
+    pool.  Freeing other communicators from here is what MPI allows.
+    """
+
+    __slots__ = ()
+
+    def __del__(self):
+        MPI = sys.modules.get("mpi4py.MPI")    # no import: this may run at exit
+        if MPI is None or MPI.Is_finalized():  # kept past MPI_Finalize: nothing to free
+            return
+        for objects in self.pop(KEPT, {}).values():
+            for obj in objects.values():
+                obj.free()
+        for key, mc in self.items():
+            if key in (TOPOLOGY, GPU):
+                continue
+            if key in (LIBRARY, NODE):
+                mc.Free()
+            elif mc.comm is not None:
+                mc.free()
+        self.clear()
 
 
 LIBRARY = "library"     # the cache key of library_comm's communicator
@@ -133,14 +151,14 @@ KEPT = "kept"           # the cache key of the dicts of kept()
 
 def _keyval():
     if not _KEYVAL:
-        _KEYVAL.append(mpi().Comm.Create_keyval(delete_fn=_on_free))
+        _KEYVAL.append(mpi().Comm.Create_keyval())      # no delete_fn: see _Cache
     return _KEYVAL[0]
 
 
 def _cache(base):
     cache = base.Get_attr(_keyval())
     if cache is None:
-        cache = {}
+        cache = _Cache()
         base.Set_attr(_keyval(), cache)
         _CACHED.append(base)
     return cache
@@ -187,9 +205,8 @@ def topology(base=None):
     cache = _cache(base)
     found = cache.get(TOPOLOGY)
     if found is None:
-        # buffer collectives: mpi4py's object reductions keep a duplicate of the
-        # communicator in an attribute of their own, and freeing node_comm
-        # from _on_free then crashed MPI_Comm_free under MPICH (found by the soak)
+        # buffer collectives: mpi4py's object reductions would add an attribute
+        # of their own to base (the crash that _Cache's docstring describes)
         mine = np.array([base.Get_rank()], dtype=np.int64)
         leader = np.empty(1, dtype=np.int64)
         node_comm(base).Allreduce(mine, leader, op=mpi().MIN)

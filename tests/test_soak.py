@@ -143,11 +143,15 @@ print("freed", MPI.COMM_WORLD.rank, flush=True)
 # Regression: freeing a communicator whose topology mpiredist had found
 # segfaulted under MPICH when that used mpi4py's object allreduce (cc857c7).
 def test_freeing_the_soaks_communicators_does_not_crash():
-    env = job_env(5)
-    done = subprocess.run([MPIEXEC, "-n", "5", sys.executable, "-c", _FREE_JOB], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=240)
+    _job_frees(5, _FREE_JOB)
+
+
+def _job_frees(ranks, code):
+    """Run ``code`` on ``ranks`` ranks: it exits 0 and prints "freed" on each."""
+    done = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, "-c", code], cwd=ROOT,
+                          env=job_env(ranks), capture_output=True, text=True, timeout=240)
     out = done.stdout + done.stderr
-    assert done.returncode == 0 and out.count("freed") == 5, out[-3000:]
+    assert done.returncode == 0 and out.count("freed") == ranks, out[-3000:]
 
 
 # Freeing a communicator runs the delete callbacks of its attributes, newest
@@ -188,8 +192,4 @@ print("freed", W.rank, flush=True)
 
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec next to this Python or on PATH")
 def test_freeing_a_communicator_with_a_later_attribute_does_not_crash():
-    env = job_env(2)
-    done = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-c", _ATTR_JOB], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=240)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0 and out.count("freed") == 2, out[-3000:]
+    _job_frees(2, _ATTR_JOB)

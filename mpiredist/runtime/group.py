@@ -10,11 +10,12 @@ of many items go in **one** ``Alltoallv`` of bytes per *bucket*, packed per
 peer into one shared buffer.
 
 Buckets are made from the items in order, from values alike on every rank:
-an item joins the current bucket while what the busiest rank sends and
-receives for the bucket's items (from every rank's pieces) fits the pack
-room (W less a margin); an item too large for the room moves alone through
-the exchange engine in pipelined parts (:meth:`Exchange.run
-<mpiredist.runtime.exchange.Exchange.run>`), within W.  A group of N items
+an item joins the current bucket while what each rank sends and receives
+for the bucket's items (from every rank's pieces) fits the pack room (W
+less a margin); an item too large for the room moves alone through the
+exchange engine in pipelined parts (:meth:`Exchange.run
+<mpiredist.runtime.exchange.Exchange.run>`) in rings of half of W, and the
+buckets then keep the other half.  A group of N items
 that fit one bucket makes one collective, as one item does.  Items of the
 same shape, dtype and layouts share their pieces (computed once).
 
@@ -25,10 +26,11 @@ unpacked to the device, and an item alone then moves by an exchange staged
 through host rings (made on its first such run).
 
 Memory (this rank): the target blocks it allocates (sum of T_i), plus the
-buckets' send and receive buffer (one, at most the pack room, within W;
-kept between runs, as a Transfer keeps its buffers, until :meth:`free`,
-with each piece's typed view of it, made on the first run that uses that
-buffer), plus the Python objects of the pieces; the sources are read in
+buckets' send and receive buffer (one, at most the pack room; kept between
+runs, as a Transfer keeps its buffers, until :meth:`free`, with each
+piece's typed view of it, made on the first run that uses that buffer),
+plus the rings of an item alone while it moves (together with the buffer
+within W), plus the Python objects of the pieces; the sources are read in
 place.
 That is within the bound sum_i max(S_i, T_i) + W, which the tests measure.
 
@@ -133,9 +135,9 @@ class TransferGroup:
         self._mesh, self._target_mesh = mesh, target
         comm = base_comm(mesh)
         self._base, self._comm = comm, library_comm(comm)
-        size, me = comm.Get_size(), comm.Get_rank()
-        shapes = {}             # per distinct item: (sources, targets, pack need)
-        per_rank = np.zeros(size, dtype=np.int64)      # sum of max(S_i, T_i) per rank
+        size = comm.Get_size()
+        shapes = {}             # per distinct item: (sources, targets, pack need per rank)
+        bounds = np.zeros(size, dtype=np.int64)     # sum of max(S_i, T_i) per rank
         for shape, dtype, src, dst in parsed:
             key = (shape, dtype, src, dst)
             if key not in shapes:
@@ -144,21 +146,40 @@ class TransferGroup:
                                          keep_classes=bool(dst.partial))
                 shapes[key] = (sources, targets, _pack_need(sources, targets) * dtype.itemsize)
             sources, targets, _ = shapes[key]
-            per_rank += [max(_size(s), _size(t)) * dtype.itemsize
-                         for s, t in zip(sources, targets)]
-        self._workspace = workspace_for(int(per_rank.max(initial=0))) if w is None else w
-        self._room = max(0, self._workspace - min(self._workspace // 4, MARGIN))
-        self._contexts, exchanges = {}, {}
+            bounds += [max(_size(s), _size(t)) * dtype.itemsize for s, t in zip(sources, targets)]
+        self._workspace = w = workspace_for(int(bounds.max(initial=0))) if w is None else w
+        self._contexts = {}
+        for _, dtype, _, _ in parsed:
+            self._context(dtype)
+        needs, limit = [shapes[key][2] for key in parsed], self._count_limit()
+        # W holds the kept bucket buffer (less a margin for the pieces' Python
+        # objects); when items move alone, their rings take half of W beside
+        # the buffer, which keeps the other half
+        margin = min(w // 4, MARGIN)
+        self._buckets, self._alone = _schedule(needs, max(0, w - margin), size, limit)
+        self._alone_workspace = w
+        if self._alone:
+            self._alone_workspace = w // 2
+            self._buckets, self._alone = _schedule(needs, max(0, w - w // 2 - margin), size,
+                                                   limit)
+        self._room = min(max(0, w - (self._alone_workspace if self._alone else 0) - margin),
+                         limit)
+        alone = {parsed[k] for k in self._alone}
+        exchanges = {}
         self._items = []
         for name, key in zip(names, parsed):
             shape, dtype, src, dst = key
             if key not in exchanges:
                 sources, targets, _ = shapes[key]
+                # a bucketed item's exchange only gives its pieces; one alone moves by it
                 exchanges[key] = Exchange(self._context(dtype), sources, targets,
-                                          self._workspace, src.op)
+                                          self._alone_workspace if key in alone
+                                          else self._workspace, src.op)
             self._items.append(_Item(name, shape, dtype, src, dst, exchanges[key],
                                      shapes[key][2], shapes[key][:2]))
-        self._buckets, self._alone = self._schedule()
+        for b, ks in enumerate(self._buckets):
+            for k in ks:
+                self._items[k].bucket = b
         self._layouts = []      # per bucket: its messages, made on the first run
         self._buffer = None     # the buckets' send and receive bytes, kept between runs
         self._views = None      # per (bucket, device arrays): its pieces' views of it
@@ -177,28 +198,9 @@ class TransferGroup:
             found = self._contexts[dtype] = Context(self._comm, dtype)
         return found
 
-    def _schedule(self):
-        """Buckets (lists of item indices) and the items that move alone, from
-        what the busiest rank packs for each item (alike on every rank)."""
-        limit = min(self._room, next(iter(self._contexts.values())).count_limit
-                    if self._contexts else self._room)
-        buckets, alone, current, used = [], [], [], 0
-        for k, item in enumerate(self._items):
-            need = item.need + 2 * ALIGN * self._comm.Get_size()
-            if need > limit:
-                alone.append(k)
-                continue
-            if current and used + need > limit:
-                buckets.append(current)
-                current, used = [], 0
-            current.append(k)
-            used += need
-        if current:
-            buckets.append(current)
-        for b, ks in enumerate(buckets):
-            for k in ks:
-                self._items[k].bucket = b
-        return buckets, alone
+    def _count_limit(self):
+        """The most bytes one Alltoallv may carry per peer (MPI's int counts)."""
+        return next(iter(self._contexts.values())).count_limit if self._contexts else 1 << 62
 
     # ------------------------------------------------------------ public
 
@@ -260,8 +262,9 @@ class TransferGroup:
                          f"this rank sends {format_bytes(sent)}, 1 Alltoallv")
         for k in self._alone:
             i = self._items[k]
-            lines.append(f"  item {i.name!r} alone: packs up to {format_bytes(i.need)} on a "
-                         f"rank, exchange in parts, this rank sends "
+            lines.append(f"  item {i.name!r} alone: packs up to "
+                         f"{format_bytes(int(i.need.max()))} on a rank, exchange in parts "
+                         f"within {format_bytes(self._alone_workspace)}, this rank sends "
                          f"{format_bytes(i.exchange.bytes_sent)}")
         return "\n".join(lines)
 
@@ -398,7 +401,8 @@ class TransferGroup:
         if found is None:
             item = self._items[k]
             found = self._staged[k] = Exchange(Context(self._comm, item.dtype, staged=True),
-                                               *item.pieces, self._workspace, item.src.op)
+                                               *item.pieces, self._alone_workspace,
+                                               item.src.op)
         return found
 
     def _layout(self, ks):
@@ -509,14 +513,37 @@ def _parse(name, spec, mesh, target):
         raise type(exc)(f"item {name!r}: {exc}") from None
 
 
+def _schedule(needs, room, size, limit):
+    """``(buckets, alone)``: lists of item indices per bucket, and the items that
+    move alone, from each item's pack bytes per rank (``needs``, alike on every
+    rank: from every rank's pieces): a bucket's bytes on every rank within
+    ``room`` and within MPI's count ``limit``."""
+    buckets, alone, current = [], [], []
+    room = min(room, limit)
+    used = np.zeros(size, dtype=np.int64)
+    for k, need in enumerate(needs):
+        need = need + 2 * ALIGN * size             # each piece padded to ALIGN
+        if (need > room).any():
+            alone.append(k)
+            continue
+        if current and (used + need > room).any():
+            buckets.append(current)
+            current, used = [], np.zeros(size, dtype=np.int64)
+        current.append(k)
+        used += need
+    if current:
+        buckets.append(current)
+    return buckets, alone
+
+
 def _size(entry):
     return 0 if entry is None else box_size(entry.box)
 
 
 def _pack_need(sources, targets):
-    """The most elements any rank sends and receives (to and from other ranks) in
-    the exchange from ``sources`` to ``targets``: what a bucket must hold for
-    it on the busiest rank (alike on every rank: from every rank's pieces)."""
+    """Per rank, the elements it sends and receives (to and from other ranks) in
+    the exchange from ``sources`` to ``targets``: what a bucket's buffer must
+    hold for it there (alike on every rank: from every rank's pieces)."""
     holders = Holders(sources)
     sent = np.zeros(len(targets), dtype=np.int64)
     received = np.zeros(len(targets), dtype=np.int64)
@@ -526,7 +553,7 @@ def _pack_need(sources, targets):
                 n = box_size(x.box)
                 received[q] += n
                 sent[x.peer] += n
-    return int((sent + received).max(initial=0))
+    return sent + received
 
 
 def _padded(nbytes):

@@ -166,6 +166,34 @@ def test_memory_within_the_group_bound():
            f"peaks {peaks} B (the second with the kept buffer) > bound {bound} B + 64 KiB")
 
 
+def test_memory_within_the_group_bound_with_items_alone():
+    """Buckets kept beside an item that moves alone in pipelined parts: the
+    bucket buffer and the alone item's rings together stay within W (blocks
+    of equal size on both sides, so the targets leave no slack)."""
+    axes = _axes()
+    mesh = mr.Mesh(_mesh_text(axes))
+    a, z = axes[0][0], axes[-1][0]
+    w = 256 << 10
+    items = {f"t{k}": ((8 * P, 96), "f4", f"[{{{a}}}, {{}}]", f"[{{}}, {{{z}}}]")
+             for k in range(60)}
+    items["big"] = ((256 * P, 256), "f4", f"[{{{a}}}, {{}}]", f"[{{}}, {{{z}}}]")
+    G, blocks = _data(items, axes)
+    peaks = []
+    with mr.TransferGroup(items, mesh, workspace_bytes=w) as g:
+        text = g.explain()
+        for _ in range(2):
+            tracemalloc.start()
+            out = g.run(blocks)
+            peaks.append(tracemalloc.get_traced_memory()[1] + (g.kept_bytes if peaks else 0))
+            tracemalloc.stop()
+        _check(out, G, items, axes, RANK, "buckets and an item alone")
+        del out
+        bound, buckets, alone = g.bound, g.buckets, "alone" in text
+    all_ok(COMM, P == 1 or (buckets >= 1 and alone), f"buckets and an item alone: {text}")
+    all_ok(COMM, max(peaks) <= bound + (64 << 10),
+           f"peaks {peaks} B (the second with the kept buffer) > bound {bound} B + 64 KiB")
+
+
 def test_between_meshes_weight_sync():
     if P < 2:
         pytest.skip("needs 2 ranks")

@@ -348,8 +348,14 @@ class TransferGroup:
             if extra:
                 raise ShapeError(f"rank {rank}: blocks for unknown item(s) {extra[:4]}")
         listed, into = self._listed(blocks), self._listed(out)
-        kinds, natives, outs = set(), [], []
+        kinds, natives, outs, host = set(), [], [], False
         for item, local, o in zip(self._items, listed, into):
+            if o is None and type(local) is np.ndarray and local.shape == item.source_shape \
+                    and local.dtype == item.dtype:          # a numpy block as it should be
+                host = True
+                natives.append(local)
+                outs.append(None)
+                continue
             try:
                 k, local, o = _native(local, o, rank)
                 if local is not None or o is not None:
@@ -368,6 +374,8 @@ class TransferGroup:
                 raise type(exc)(f"item {item.name!r}: {exc}") from None
             natives.append(local)
             outs.append(o)
+        if host:
+            kinds.add(_HOST)
         if len(kinds) > 1:
             raise ShapeError(f"rank {rank}: the group's blocks are of different libraries: "
                              f"{sorted(map(str, kinds))}")

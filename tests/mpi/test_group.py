@@ -189,7 +189,11 @@ def test_memory_within_the_group_bound_with_items_alone():
         _check(out, G, items, axes, RANK, "buckets and an item alone")
         del out
         bound, buckets, alone = g.bound, g.buckets, "alone" in text
-    all_ok(COMM, P == 1 or (buckets >= 1 and alone), f"buckets and an item alone: {text}")
+    # a lowered count limit (MPIREDIST_COUNT_LIMIT, the CI's >2 GiB stages) may leave
+    # every item alone
+    limited = bool(os.environ.get("MPIREDIST_COUNT_LIMIT"))
+    all_ok(COMM, P == 1 or (alone and (buckets >= 1 or limited)),
+           f"buckets and an item alone: {text}")
     all_ok(COMM, max(peaks) <= bound + (64 << 10),
            f"peaks {peaks} B (the second with the kept buffer) > bound {bound} B + 64 KiB")
 

@@ -128,8 +128,8 @@ def test_cases_cover_the_space():
             assert np.dtype(c.dtype).kind != "c" or s.op in ("sum", "prod") or not s.partial
 
 
-# The soak frees its sub-communicators at the end; mpiredist's delete callback
-# then frees what it cached on them.  Three soaks in one 5-rank job.
+# The soak frees its sub-communicators at the end; freeing each drops the cache
+# mpiredist keeps on it, which frees what it holds.  Three soaks in one 5-rank job.
 _FREE_JOB = """
 from mpi4py import MPI
 from mpiredist.bench import soak

@@ -132,6 +132,12 @@ class _Cache(dict):
         MPI = sys.modules.get("mpi4py.MPI")    # no import: this may run at exit
         if MPI is None or MPI.Is_finalized():  # kept past MPI_Finalize: nothing to free
             return
+        self.release()
+
+    def release(self):
+        """Free everything held (once; :func:`free_all` calls it before deleting
+        the attribute, in case another reference, such as a kept traceback
+        that holds an accessor's frame, delays ``__del__``)."""
         for objects in self.pop(KEPT, {}).values():
             for obj in objects.values():
                 obj.free()
@@ -205,8 +211,8 @@ def topology(base=None):
     cache = _cache(base)
     found = cache.get(TOPOLOGY)
     if found is None:
-        # buffer collectives: mpi4py's object reductions would add an attribute
-        # of their own to base (the crash that _Cache's docstring describes)
+        # buffer collectives: they are cheaper than mpi4py's object reductions,
+        # which would also add an attribute of their own to base
         mine = np.array([base.Get_rank()], dtype=np.int64)
         leader = np.empty(1, dtype=np.int64)
         node_comm(base).Allreduce(mine, leader, op=mpi().MIN)
@@ -292,7 +298,9 @@ def free_all():
     """Free the communicators of every mesh :func:`mesh_comm` created."""
     while _CACHED:
         base = _CACHED.pop()
-        if base != mpi().COMM_NULL and base.Get_attr(_keyval()) is not None:
+        cache = None if base == mpi().COMM_NULL else base.Get_attr(_keyval())
+        if cache is not None:
+            cache.release()
             base.Delete_attr(_keyval())
 
 

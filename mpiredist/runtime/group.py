@@ -103,7 +103,8 @@ class TransferGroup:
         The target layouts' mesh (default ``mesh``), on the same
         communicator: a weight sync from training ranks to inference ranks.
     workspace_bytes : int, optional
-        W, the room of the bucket buffers (default: a quarter of the most
+        W, the room of the bucket buffer and of the rings of items that
+        move alone, half each when there are both (default: a quarter of the most
         that any rank holds of the group, the sum over items of
         max(S_i, T_i), plus 1 MiB: the single-array default applied to the
         group as a whole).
@@ -162,8 +163,10 @@ class TransferGroup:
             self._alone_workspace = w // 2
             self._buckets, self._alone = _schedule(needs, max(0, w - w // 2 - margin), size,
                                                    limit)
-        self._room = min(max(0, w - (self._alone_workspace if self._alone else 0) - margin),
-                         limit)
+            if not self._buckets:       # no bucket buffer: the items alone take all of W
+                self._alone_workspace = w
+        self._room = 0 if not self._buckets else min(
+            max(0, w - (self._alone_workspace if self._alone else 0) - margin), limit)
         alone = {parsed[k] for k in self._alone}
         exchanges = {}
         self._items = []

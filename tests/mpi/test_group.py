@@ -154,7 +154,8 @@ def test_small_workspace_makes_buckets_and_items_alone():
         text = g.explain()
         got = g.run(blocks)
     _check(got, G, items, axes, RANK, "W = 8 KiB")
-    all_ok(COMM, "item 'big' alone" in text, f"the big item moves alone: {text}")
+    # on one rank nothing is sent, so nothing needs the pack room
+    all_ok(COMM, P == 1 or "item 'big' alone" in text, f"the big item moves alone: {text}")
 
 
 def test_one_collective_for_a_bucket_of_like_items():

@@ -279,7 +279,7 @@ def test_group_of_device_arrays(mode, workspace):
         all_ok(COMM, to_host > 0 if name == "staged" else to_host == 0,
                f"{name}: {to_host} copies to the host")
     if workspace is not None and P > 1:
-        all_ok(COMM, "alone" in text, f"the big item moves alone: {text}")
+        all_ok(COMM, "item 'big' alone" in text, f"the big item moves alone: {text}")
 
 
 def test_group_run_on_host_then_device_then_host(mode):

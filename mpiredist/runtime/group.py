@@ -53,7 +53,8 @@ from ..planning.budget import MARGIN, workspace_for
 from ..planning.pieces import REDUCERS, Holders, layout_sources, layout_targets, recv_pieces
 from ..planning.plans import _bytes as format_bytes
 from .agree import agree, check_together, fingerprint
-from .comm import base_comm, library_comm
+from .collectives import count_limit
+from .comm import base_comm, library_comm, mpi
 from .context import Context
 from .exchange import Exchange, _index, _offsets
 from .failure import guard
@@ -150,23 +151,9 @@ class TransferGroup:
             bounds += [max(_size(s), _size(t)) * dtype.itemsize for s, t in zip(sources, targets)]
         self._workspace = w = workspace_for(int(bounds.max(initial=0))) if w is None else w
         self._contexts = {}
-        for _, dtype, _, _ in parsed:
-            self._context(dtype)
-        needs, limit = [shapes[key][2] for key in parsed], self._count_limit()
-        # W holds the kept bucket buffer (less a margin for the pieces' Python
-        # objects); when items move alone, their rings take half of W beside
-        # the buffer, which keeps the other half
-        margin = min(w // 4, MARGIN)
-        self._buckets, self._alone = _schedule(needs, max(0, w - margin), size, limit)
-        self._alone_workspace = w
-        if self._alone:
-            self._alone_workspace = w // 2
-            self._buckets, self._alone = _schedule(needs, max(0, w - w // 2 - margin), size,
-                                                   limit)
-            if not self._buckets:       # no bucket buffer: the items alone take all of W
-                self._alone_workspace = w
-        self._room = 0 if not self._buckets else min(
-            max(0, w - (self._alone_workspace if self._alone else 0) - margin), limit)
+        (self._buckets, self._alone, self._room,
+         self._alone_workspace) = _split_workspace([shapes[key][2] for key in parsed], w, size,
+                                                   count_limit(mpi()))
         alone = {parsed[k] for k in self._alone}
         exchanges = {}
         self._items = []
@@ -200,10 +187,6 @@ class TransferGroup:
         if found is None:
             found = self._contexts[dtype] = Context(self._comm, dtype)
         return found
-
-    def _count_limit(self):
-        """The most bytes one Alltoallv may carry per peer (MPI's int counts)."""
-        return next(iter(self._contexts.values())).count_limit if self._contexts else 1 << 62
 
     # ------------------------------------------------------------ public
 
@@ -522,6 +505,23 @@ def _parse(name, spec, mesh, target):
         return shape, dt, s, d
     except (ValueError, MpiredistError) as exc:
         raise type(exc)(f"item {name!r}: {exc}") from None
+
+
+def _split_workspace(needs, w, size, limit):
+    """``(buckets, alone, room, alone_workspace)`` for items of pack bytes per rank
+    ``needs`` within W = ``w``: W holds the kept bucket buffer (``room``, less
+    a margin for the pieces' Python objects); when items move alone, their
+    rings take half of W beside the buffer, which keeps the other half, and
+    all of it when no bucket is left."""
+    margin = min(w // 4, MARGIN)
+    room = max(0, w - margin)
+    buckets, alone = _schedule(needs, room, size, limit)
+    alone_workspace = w
+    if alone:
+        room = max(0, w - w // 2 - margin)
+        buckets, alone = _schedule(needs, room, size, limit)
+        alone_workspace = w // 2 if buckets else w
+    return buckets, alone, (min(room, limit) if buckets else 0), alone_workspace
 
 
 def _schedule(needs, room, size, limit):

@@ -10,6 +10,7 @@ m + 1, m + 2, ... (mod g), rounding after each addition; that reference is
 computed here from the float32 values and compared bit for bit.
 """
 
+import os
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -370,7 +371,11 @@ def test_cuda_partial_sums_in_fixed_order(device, dtype, op):
     small = _tensor(_global((2 * P, 3), dtype, 4)[2 * RANK:2 * RANK + 2])
     for w in (None, 4096):     # 4 KiB: "w" moves alone, as an exchange
         with mr.TransferGroup(items, mesh, workspace_bytes=w) as g:
-            assert ("item 'w' alone" in g.explain()) == (w is not None and P > 1)
+            alone = "item 'w' alone" in g.explain()
+            # a lowered count limit (MPIREDIST_COUNT_LIMIT, the CI's >2 GiB stages)
+            # caps a bucket's bytes, and may leave "w" alone without a small W too
+            assert alone == (P > 1) if w is not None else (
+                not alone or bool(os.environ.get("MPIREDIST_COUNT_LIMIT")))
             want = g.run({"w": host, "v": small})
             got = g.run({"w": cuda, "v": fakecupy.torch_cuda(small)})
         all_ok(COMM, all(_same_values(got[k], _numpy(want[k]), dtype) for k in items),

@@ -324,11 +324,13 @@ class Exchange:
             limit = max(1, workspace // 2 // ctx.itemsize)
         self.limit = limit
         # elements of both rings: W less a margin for what else a call allocates
-        # (its lists, requests and datatypes), and a part each where combining
-        # needs the ring
+        # (its lists, requests and datatypes; more than the margin where the
+        # pieces' objects need it: many peers, a small W), and a part each
+        # where combining needs the ring
         margin = min(workspace // 4, MARGIN)
-        rings = workspace - margin
-        self.posted = p2p.posted_within(margin)     # their objects within the margin
+        pieces = len(self.sends) + len(self.recvs)
+        self.posted = p2p.posted_within(margin, pieces)    # their objects within it
+        rings = max(0, workspace - max(margin, p2p.objects_bytes(pieces, self.posted)))
         # staged through host rings, every part packs: room for a part each way
         self.room = max(rings // ctx.itemsize,
                         2 * limit if self.combines or ctx.staged else 0)

@@ -45,7 +45,6 @@ from ..core.blocks import box_size, overlap
 from ..core.errors import MeshError
 from ..core.layout import Layout
 from ..core.mesh import Mesh
-from ..core.topology import Topology
 
 __all__ = ["parse_rate", "node_order", "cases", "run", "format_table", "summarize",
            "NodeCase"]

@@ -25,7 +25,6 @@ exercise these paths with small arrays in tests; it must be the same on
 every rank, like the MPI library itself.
 """
 
-import math
 import os
 
 import numpy as np

@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from ..core.backend import synchronize
 from ..core.blocks import box_shape, contiguous_box, divides_evenly, overlap, rank_block
 from ..core.errors import CommunicationError
-from ..planning.budget import frame_shape
 from ..planning.pieces import part_limit, plan_pieces, ring_part_limit
 from ..planning.routing import member_digits, permute_dest, permute_source
 from . import collectives

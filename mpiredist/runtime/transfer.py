@@ -46,7 +46,7 @@ from ..core.errors import (BudgetWarning, ClosedError, DonationWarning, MemoryBu
 from ..core.mesh import Mesh
 from ..core.subaxes import expand, rank_digits
 from ..planning import planner
-from ..planning.budget import (assess, buffer_bytes, choose, default_workspace,
+from ..planning.budget import (buffer_bytes, choose, default_workspace,
                                fresh_buffer_fits, reduction_room)
 from ..planning.crossmesh import cross_plan, relabel, route
 from ..planning.pieces import (exchange_workspace, layout_sources, layout_targets, part_limit,

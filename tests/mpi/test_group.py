@@ -203,11 +203,13 @@ def test_memory_within_the_group_bound_with_items_alone():
     of equal size on both sides, so the targets leave no slack)."""
     axes = _axes()
     mesh = mr.Mesh(_mesh_text(axes))
-    a, z = axes[0][0], axes[-1][0]
+    # one axis on both sides: blocks of one size on every rank (on the 8-rank
+    # mesh x=2,y=4, [{x}, {}] -> [{}, {y}] has sources twice the targets)
+    a = axes[0][0]
     w = 256 << 10
-    items = {f"t{k}": ((8 * P, 96), "f4", f"[{{{a}}}, {{}}]", f"[{{}}, {{{z}}}]")
+    items = {f"t{k}": ((8 * P, 96), "f4", f"[{{{a}}}, {{}}]", f"[{{}}, {{{a}}}]")
              for k in range(60)}
-    items["big"] = ((256 * P, 256), "f4", f"[{{{a}}}, {{}}]", f"[{{}}, {{{z}}}]")
+    items["big"] = ((256 * P, 256), "f4", f"[{{{a}}}, {{}}]", f"[{{}}, {{{a}}}]")
     G, blocks = _data(items, axes)
     peaks = []
     with mr.TransferGroup(items, mesh, workspace_bytes=w) as g:

@@ -27,6 +27,8 @@ outside the target mesh gets None.  Bad input raises on every rank before
 any data moves.
 """
 
+import math
+
 import numpy as np
 
 from ..core.backend import Backend, as_dtype, backend_of, dtype_text
@@ -138,7 +140,7 @@ def redistribute(dtensor, placements, device_mesh=None, workspace_bytes=None):
         return None
     result = Backend("torch", call.device).wrap(out, call.dtype)
     shape = call.shape
-    stride = tuple(int(np.prod(shape[k + 1:])) for k in range(len(shape)))
+    stride = tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
     return DTensor.from_local(result, call.dst_mesh, call.placements, run_check=False,
                               shape=torch.Size(shape), stride=stride)
 

@@ -77,7 +77,10 @@ def move(ctx, comm, sends, recvs, source, target, limit, room, reducer=None, pai
         for r in local:                     # nothing to combine: copied up front
             target.view()[_index(r.box)] = source.view()[_index(r.own)]
         recvs = [r for r in recvs if r.own is None]
-    send_seq = _Sequence([s for s in sends if s.peer != me], limit, whole)
+    sends = [s for s in sends if s.peer != me]
+    if not sends and not recvs:             # every piece this rank's own: no messages
+        return
+    send_seq = _Sequence(sends, limit, whole)
     recv_seq = _Sequence(recvs, limit, whole)
     send_room, recv_room = _rooms(ctx, room, source, target, send_seq, recv_seq, paired,
                                   halves)

@@ -297,8 +297,9 @@ class Exchange:
         no piece goes whole (every rank must pass the same).
 
     Memory: the caller's target block, plus rings of at most half of W a
-    side, less a margin (a quarter of W, at most ``budget.MARGIN``) for what
-    else the call allocates, which also caps the parts in flight
+    side, less a margin (a quarter of W, at most ``budget.MARGIN``; more where
+    this rank's pieces need it, :func:`mpiredist.runtime.p2p.objects_bytes`)
+    for what else the call allocates, which also caps the parts in flight
     (:func:`mpiredist.runtime.p2p.posted_within`).  Nothing here communicates
     but :meth:`run`.
     """

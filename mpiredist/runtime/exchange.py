@@ -332,12 +332,16 @@ class Exchange:
         # pieces' objects need it: many peers, a small W), and a part each
         # where combining needs the ring
         margin = min(workspace // 4, MARGIN)
-        pieces = len(self.sends) + len(self.recvs)
+        # the pieces that make pipeline objects: messages, and own pieces combined
+        pieces = sum(s.peer != me for s in self.sends) + \
+            sum(r.own is None or self.combines for r in self.recvs)
         self.posted = p2p.posted_within(margin, pieces)    # their objects within it
         rings = max(0, workspace - max(margin, p2p.objects_bytes(pieces, self.posted)))
         # staged through host rings, every part packs: room for a part each way
+        # (a part as move cuts it: within the count limit too)
+        part = min(limit, max(1, ctx.count_limit // ctx.itemsize))
         self.room = max(rings // ctx.itemsize,
-                        2 * limit if self.combines or ctx.staged else 0)
+                        2 * part if self.combines or ctx.staged else 0)
         self.bytes_sent = sum(math.prod(s.box[1]) for s in self.sends if s.peer != me) \
             * ctx.itemsize
 

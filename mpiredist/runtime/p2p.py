@@ -49,23 +49,28 @@ TAG = 0x6d72        # "mr": one tag for every part; order within a pair is MPI's
 # about 1.7 KB a part and side), with room to spare.
 MAX_POSTED = 32
 POSTED_BYTES = 3 << 10
-# Python objects per piece of a move while it runs (its parts' generator and
-# place in the order), whatever is in flight: the same staged run with 2
-# parts in flight a side holds 19.8 KB of objects at 2 ranks, 23.1 KB at 4
-# and 30.7 KB at 8 (8 ranks: 14 pieces), about 0.9 KB a piece.
+# Python objects of a move while it runs, beside its parts in flight: a
+# fixed part (CALL_BYTES) and one per piece that makes messages
+# (PIECE_BYTES: its parts' generator and place in the order).  Measured on
+# the same staged run with 2 parts in flight a side: 19.8 KB of objects at 2
+# ranks, 23.1 KB at 4, 30.7 KB at 8 (2, 6 and 14 such pieces), about 0.9 KB a
+# piece and 15 KB besides; with room to spare.
+CALL_BYTES = 16 << 10
 PIECE_BYTES = 1 << 10
 
 
 def posted_within(margin, pieces=0):
     """Parts per side in flight whose Python objects fit ``margin`` bytes beside
-    those of ``pieces`` pieces (2 at least, :data:`MAX_POSTED` at most)."""
-    return max(2, min(MAX_POSTED, (margin - pieces * PIECE_BYTES) // (2 * POSTED_BYTES)))
+    those of a move of ``pieces`` pieces (2 at least, :data:`MAX_POSTED` at
+    most)."""
+    margin -= CALL_BYTES + pieces * PIECE_BYTES
+    return max(2, min(MAX_POSTED, margin // (2 * POSTED_BYTES)))
 
 
 def objects_bytes(pieces, posted):
     """Bytes for the Python objects of a move of ``pieces`` pieces with ``posted``
     parts in flight a side: what a caller keeps beside its rings."""
-    return pieces * PIECE_BYTES + 2 * posted * POSTED_BYTES
+    return CALL_BYTES + pieces * PIECE_BYTES + 2 * posted * POSTED_BYTES
 
 
 class Part:

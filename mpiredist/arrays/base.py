@@ -12,7 +12,6 @@ properties are local.  Every redistribution goes through a
 mesh's communicator and keyed by the agreed arguments.
 """
 
-
 from ..core.backend import dtype_of, dtype_text
 from ..core.blocks import rank_block
 from ..core.caches import recent

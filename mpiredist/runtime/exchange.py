@@ -70,8 +70,8 @@ def move(ctx, comm, sends, recvs, source, target, limit, room, reducer=None, pai
     dtype = _dtype(source, target)
     if dtype is None:                       # no block here: nothing to move
         return
-    limit = max(1, min(limit, ctx.count_limit // dtype.itemsize))
-    whole = max(1, ctx.count_limit // dtype.itemsize)
+    limit = part_elements(ctx, limit, dtype.itemsize)
+    whole = part_elements(ctx, math.inf, dtype.itemsize)
     local = [r for r in recvs if r.own is not None]
     if reducer is None and not paired:
         for r in local:                     # nothing to combine: copied up front
@@ -145,6 +145,12 @@ def move_once(ctx, comm, sends, recvs, source, target, even):
     for p, r in into.items():
         k = math.prod(r.box[1])
         dst[_index(r.box)] = back[recv_at[p]:recv_at[p] + k].reshape(r.box[1])
+
+
+def part_elements(ctx, limit, itemsize):
+    """Elements per part as :func:`move` cuts them: at most ``limit`` and within
+    MPI's count limit (at least one)."""
+    return max(1, min(limit, ctx.count_limit // itemsize))
 
 
 class _Sequence:
@@ -339,7 +345,7 @@ class Exchange:
         rings = max(0, workspace - max(margin, p2p.objects_bytes(pieces, self.posted)))
         # staged through host rings, every part packs: room for a part each way
         # (a part as move cuts it: within the count limit too)
-        part = min(limit, max(1, ctx.count_limit // ctx.itemsize))
+        part = part_elements(ctx, limit, ctx.itemsize)
         self.room = max(rings // ctx.itemsize,
                         2 * part if self.combines or ctx.staged else 0)
         self.bytes_sent = sum(math.prod(s.box[1]) for s in self.sends if s.peer != me) \

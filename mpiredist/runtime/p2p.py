@@ -63,7 +63,7 @@ def posted_within(margin, pieces=0):
     """Parts per side in flight whose Python objects fit ``margin`` bytes beside
     those of a move of ``pieces`` pieces (2 at least, :data:`MAX_POSTED` at
     most)."""
-    margin -= CALL_BYTES + pieces * PIECE_BYTES
+    margin -= objects_bytes(pieces, 0)
     return max(2, min(MAX_POSTED, margin // (2 * POSTED_BYTES)))
 
 

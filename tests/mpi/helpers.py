@@ -41,6 +41,14 @@ def all_ok(comm, flag, msg=""):
                              f"{comm.size}{mine}; this is rank {comm.rank}")
 
 
+def count_limit_lowered(below=1 << 20):
+    """True when ``MPIREDIST_COUNT_LIMIT`` (CI's stages for counts beyond 2 GiB)
+    lowers MPI's count limit under ``below`` bytes: then buckets are capped and
+    items that would share one may move alone."""
+    value = os.environ.get("MPIREDIST_COUNT_LIMIT", "").strip()
+    return value != "" and int(value) < below
+
+
 def all_array_equal(comm, actual, expected, msg=""):
     """Assert that `actual` equals `expected` (shape, dtype, values) on every rank.
 

@@ -7,7 +7,6 @@ per run, errors naming the item on every rank; a bucket of N items makes
 one collective, as one item does; memory within sum max(S_i, T_i) + W.
 """
 
-import os
 import tracemalloc
 
 import numpy as np
@@ -16,7 +15,7 @@ from mpi4py import MPI
 
 import mpiredist as mr
 import oracle
-from helpers import all_ok
+from helpers import all_ok, count_limit_lowered
 
 COMM = MPI.COMM_WORLD
 RANK, P = COMM.Get_rank(), COMM.Get_size()
@@ -171,7 +170,7 @@ def test_one_collective_for_a_bucket_of_like_items():
             buckets.append(g.buckets)
     # a lowered count limit (MPIREDIST_COUNT_LIMIT, the CI's >2 GiB stages) caps a
     # bucket's bytes: then one collective per bucket
-    want = [1, 1] if not os.environ.get("MPIREDIST_COUNT_LIMIT") else [1, buckets[1]]
+    want = [1, 1] if not count_limit_lowered() else [1, buckets[1]]
     all_ok(COMM, counts == want and buckets[0] == 1,
            f"collectives for 1 and for 50 items: {counts}, buckets {buckets}")
 
@@ -224,7 +223,7 @@ def test_memory_within_the_group_bound_with_items_alone():
         bound, buckets, alone = g.bound, g.buckets, "item 'big' alone" in text
     # a lowered count limit (MPIREDIST_COUNT_LIMIT, the CI's >2 GiB stages) may leave
     # every item alone
-    limited = bool(os.environ.get("MPIREDIST_COUNT_LIMIT"))
+    limited = count_limit_lowered()
     all_ok(COMM, P == 1 or (alone and (buckets >= 1 or limited)),
            f"buckets and an item alone: {text}")
     all_ok(COMM, max(peaks) <= bound + (64 << 10),

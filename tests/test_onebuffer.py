@@ -47,3 +47,33 @@ def test_compact_and_expand_are_inverse_slices(shape, data, chunk):
     assert np.array_equal(front, block[index])
     expand(buf, box, starts, shape, 4, chunk)
     assert np.array_equal(buf.view(np.int32).reshape(shape)[index], block[index])
+
+
+def _allocations_during(fn):
+    """Names of numpy's allocating calls (``empty``, ``copy``) made while ``fn`` runs."""
+    import sys
+    seen = []
+
+    def hook(frame, event, arg):
+        if event == "c_call" and getattr(arg, "__name__", "") in ("empty", "copy"):
+            seen.append(arg.__name__)
+
+    sys.setprofile(hook)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_transpose_makes_its_temporaries_once_per_call_not_per_cycle():
+    # (1, 8, 8, 128 KiB) is the donated 8-rank transpose of c01: 8 cycles of 128 KiB
+    # units.  A fresh copy per cycle is a fresh mmap of 128 KiB (page faults each time)
+    # under MALLOC_MMAP_THRESHOLD_=131072 whenever the heap has no free room: 1.3x slower.
+    rows = cols = 8
+    e = 1 << 14
+    buf = np.random.default_rng(1).integers(0, 256, size=rows * cols * e, dtype=np.uint8)
+    want = buf.reshape(rows, cols, e).transpose(1, 0, 2).copy()
+    seen = _allocations_during(lambda: transpose(buf, 1, rows, cols, e, 3 * rows * e))
+    assert np.array_equal(buf.reshape(cols, rows, e), want)
+    assert len(seen) <= 2, seen

@@ -166,6 +166,10 @@ def _cache(base):
     if cache is None:
         cache = _Cache()
         base.Set_attr(_keyval(), cache)
+        # a communicator freed since (its handle now null) is dropped here, so
+        # that this list does not keep every communicator ever used alive
+        null = mpi().COMM_NULL
+        _CACHED[:] = [c for c in _CACHED if c != null]
         _CACHED.append(base)
     return cache
 

@@ -167,6 +167,27 @@ def test_mesh_communicators(kind):
             comm.Free()
 
 
+def test_freed_communicators_are_not_kept_alive():
+    """mpiredist's per-communicator cache does not hold a communicator the user
+    freed: after 5 communicators used and freed, at most the last one's
+    wrapper is still referenced (dropped when the next cache is made)."""
+    import gc
+    import weakref
+    g = global_array((2 * SIZE, 3), "int64", seed=8)
+    refs = []
+    for _ in range(5):
+        comm = COMM.Dup()
+        a = mr.DistArray.from_global(g, mr.Mesh({"x": SIZE}, comm=comm), "[{x}, {}]")
+        all_ok(COMM, same(a.redistribute("[{}, {x}]").gather(), g), "redistribute")
+        refs.append(weakref.ref(comm))
+        del a
+        comm.Free()
+        del comm
+    gc.collect()
+    alive = sum(r() is not None for r in refs)
+    all_ok(COMM, alive <= 1, f"{alive} of 5 freed communicators still referenced")
+
+
 @pytest.mark.mpi(min_size=2)
 def test_mesh_on_new_communicator_after_free():
     """A communicator freed and its handle reused must not see a stale cache."""

@@ -67,7 +67,7 @@ def cupy_or_error():
 
 def is_gpu(array):
     """True for CuPy (or other CUDA) arrays."""
-    return hasattr(array, "__cuda_array_interface__")
+    return type(array) is not np.ndarray and hasattr(array, "__cuda_array_interface__")
 
 
 def array_module(array):
@@ -365,6 +365,8 @@ _CUPY = Backend("cupy", True)
 
 def backend_of(array, what="local block"):
     """The :class:`Backend` of ``array``; ShapeError for anything else."""
+    if type(array) is np.ndarray:                   # the common case, at once
+        return _NUMPY
     if isinstance(array, np.ndarray) and not hasattr(array, "__cuda_array_interface__"):
         return _NUMPY
     if isinstance(array, np.generic):

@@ -169,6 +169,8 @@ def check_block(local, shape, dtype, rank, what="local block"):
     """ShapeError unless ``local`` is an array of ``shape`` and ``dtype`` (a
     device array of bfloat16 holds its bits as int16: :func:`device_dtype
     <mpiredist.core.backend.device_dtype>`)."""
+    if type(local) is np.ndarray and local.shape == tuple(shape) and local.dtype == dtype:
+        return                                      # a host block as it should be, at once
     if not (hasattr(local, "shape") and hasattr(local, "dtype")):
         raise ShapeError(f"rank {rank}: {what} must be a numpy or CuPy array, "
                          f"found {type(local).__name__}")
@@ -185,6 +187,11 @@ def check_block(local, shape, dtype, rank, what="local block"):
 def check_out(out, local, shape, dtype, rank):
     """ShapeError unless ``out`` can receive the target block."""
     check_block(out, shape, dtype, rank, "out")
+    if type(out) is np.ndarray and type(local) is np.ndarray:      # host arrays, at once
+        flags = out.flags
+        if flags.c_contiguous and flags.writeable and not (
+                out.size and local.size and np.shares_memory(out, local)):
+            return
     if local is not None and array_kind(out) != array_kind(local):
         raise ShapeError(f"rank {rank}: out is a {array_kind(out)} array but the block is "
                          f"a {array_kind(local)} array")

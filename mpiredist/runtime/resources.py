@@ -20,10 +20,11 @@ the agreement: on every rank, before any data moves) when it does not fit:
 - ``ulimit -v`` (``RLIMIT_AS``) less this process's address space.
 
 Where a source is missing it does not count; where none is found nothing
-is checked.  The files to read are found once per Transfer
-(:class:`Resources`); a check reads a few small files (0.1-0.3 ms), or
+is checked.  The files to read, ``MPIREDIST_MEMORY_LIMIT`` and Slurm's
+variables are found once per Transfer (:class:`Resources`), as Slurm sets
+them when the job starts; a check reads a few small files (0.1-0.3 ms), or
 reuses a reading of the last second when its bound is at most a quarter
-of what that reading allowed.
+of what that reading allowed and ``ulimit -v`` is unchanged.
 """
 
 import os
@@ -99,17 +100,21 @@ def _cgroup_files():
     return None
 
 
-def _settings():
-    """What the sources read from the environment and the process limits: a
-    reading is reused only while these are unchanged."""
-    soft = None
-    if resource is not None:
-        try:
-            soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-        except (OSError, ValueError):
-            soft = None
-    return (os.environ.get("SLURM_MEM_PER_CPU"), os.environ.get("SLURM_MEM_PER_NODE"),
-            os.environ.get("SLURM_CPUS_PER_TASK"), soft)
+def _address_limit():
+    """The soft ``RLIMIT_AS`` (the process may lower it at any time: a reading
+    is reused only while it is unchanged), or None where it cannot be read."""
+    if resource is None:
+        return None
+    try:
+        return resource.getrlimit(resource.RLIMIT_AS)[0]
+    except (OSError, ValueError):
+        return None
+
+
+def _slurm():
+    """Slurm's ``(--mem-per-cpu, --mem, --cpus-per-task)`` variables, or None each."""
+    return tuple(os.environ.get(k) for k in ("SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE",
+                                             "SLURM_CPUS_PER_TASK"))
 
 
 class Resources:
@@ -119,14 +124,15 @@ class Resources:
     cgroup, its ``MemAvailable`` and Slurm's per-node memory).
     """
 
-    __slots__ = ("node_ranks", "_cgroup", "_override", "_last")
+    __slots__ = ("node_ranks", "_cgroup", "_override", "_slurm", "_last")
 
     def __init__(self, node_ranks=1):
         self.node_ranks = max(1, int(node_ranks))
         self._cgroup = _cgroup_files()
         text = os.environ.get(ENV, "").strip()
         self._override = parse_bytes(text) if text else None
-        self._last = None       # (monotonic seconds, _settings(), what available() read)
+        self._slurm = _slurm()
+        self._last = None       # (monotonic seconds, _address_limit(), what available() read)
 
     def __repr__(self):
         return f"Resources(node_ranks={self.node_ranks}, cgroup={self._cgroup is not None})"
@@ -143,7 +149,7 @@ class Resources:
         """
         if self._override is not None:
             return self._override, ENV
-        now, key = time.monotonic(), _settings()
+        now, key = time.monotonic(), _address_limit()
         last = self._last
         if bound is not None and last is not None and now - last[0] < REUSE_SECONDS \
                 and last[1] == key:
@@ -164,21 +170,15 @@ class Resources:
         mem = _kb_field("/proc/meminfo", "MemAvailable")
         if mem is not None:
             found.append((mem // n, "MemAvailable"))
-        per_cpu, per_node = os.environ.get("SLURM_MEM_PER_CPU"), os.environ.get("SLURM_MEM_PER_NODE")
+        per_cpu, per_node, cpus = self._slurm
         rss = (_kb_field("/proc/self/status", "VmRSS") or 0) if per_cpu or per_node else 0
         if per_cpu and per_cpu.isdigit():
-            cpus = os.environ.get("SLURM_CPUS_PER_TASK", "1")
-            cpus = int(cpus) if cpus.isdigit() else 1
+            cpus = int(cpus) if cpus and cpus.isdigit() else 1
             found.append((max(0, int(per_cpu) * cpus * (1 << 20) - rss), "Slurm's --mem-per-cpu"))
         elif per_node and per_node.isdigit() and int(per_node):
             found.append((max(0, int(per_node) * (1 << 20) // n - rss), "Slurm's --mem"))
-        soft = -1
-        if resource is not None:
-            try:
-                soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-            except (OSError, ValueError):
-                soft = -1
-        if soft not in (-1, getattr(resource, "RLIM_INFINITY", -1)):
+        soft = _address_limit()
+        if soft is not None and soft not in (-1, resource.RLIM_INFINITY):
             found.append((max(0, soft - (_kb_field("/proc/self/status", "VmSize") or 0)), "ulimit -v"))
         if not found:
             return None, None

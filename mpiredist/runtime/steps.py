@@ -521,9 +521,13 @@ def _permute(ctx, mem, index, step):
     overwrites only what parts 0..k held: the block starts at or after the
     front).
     """
-    mc, plan = ctx.mc, ctx.plan
-    dest = permute_dest(plan.mesh, step.before, step.after, mc.digits)
-    source = permute_source(plan.mesh, step.before, step.after, mc.digits)
+    mc = ctx.mc
+    key = ("permute", index)
+    if key not in ctx.routes:
+        mesh = ctx.plan.mesh
+        ctx.routes[key] = (permute_dest(mesh, step.before, step.after, mc.digits),
+                           permute_source(mesh, step.before, step.after, mc.digits))
+    dest, source = ctx.routes[key]
     if dest == mc.rank and source == mc.rank:
         mem.unchanged()
         return 0

@@ -74,6 +74,10 @@ class Variant(enum.Enum):
     GIVEN = "the donated block is the buffer"
     DEVICE = "device arrays (out of place)"
 
+    # members are singletons: hashed by identity (Enum's own hashes the name in
+    # Python, six times a run as dict keys)
+    __hash__ = object.__hash__
+
 
 def crossing(mesh, dst_mesh):
     """True if a call with these meshes takes the between-meshes path: a target
@@ -348,6 +352,8 @@ def _native(local, out, rank):
     """``(backend, local, out)``: the caller's arrays as numpy or CuPy views of the
     same memory (:mod:`mpiredist.core.backend`); ShapeError for arrays of no
     library, a tensor that requires grad, or ``out`` of another library."""
+    if type(local) is np.ndarray and (out is None or type(out) is np.ndarray):
+        return _HOST, local, out                    # numpy arrays as they are, at once
     kind = None if local is None else backend_of(local, f"rank {rank}: local block")
     if out is not None:
         theirs = backend_of(out, f"rank {rank}: out")
@@ -412,6 +418,7 @@ class MeshTransfer(Transfer):
         if donate:
             self._choices[Variant.GIVEN] = choose(plan, True, self._workspace, False,
                                                   _replanner(plan))
+        self._largest = max(c.budget.limit for c in self._choices.values())
         self._contexts, self._kept = {}, {}
         self._resources = Resources(node_comm(self._base).Get_size())
         self._identity = _identity(mesh=mesh, shape=plan.global_shape, dtype=plan.dtype,
@@ -448,12 +455,10 @@ class MeshTransfer(Transfer):
     def _inputs(self, local, out, extra):
         """This rank's ``(donation verdict, fits its memory)``; ValueError for bad arrays."""
         rank = self._mc.rank
-        check_block(local, self.source_shape, self._plan.dtype, rank)
-        if out is not None:
-            check_out(out, local, self.target_shape, self._plan.dtype, rank)
+        self._arrays(local, out)
         verdict = NOT_DONATED
         kept = self._choices[Variant.KEPT].budget.limit
-        found = self._resources.available(max(c.budget.limit for c in self._choices.values()))
+        found = self._resources.available(self._largest)
         fits = Resources.fits(kept, found)
         if self._donate and is_gpu(local):
             verdict = Donation(False, False, "device arrays run out of place (the one-buffer "
@@ -468,18 +473,26 @@ class MeshTransfer(Transfer):
             self._resources.check(kept, rank, repr(self), found)
         return verdict, fits
 
+    def _arrays(self, local, out):
+        """ShapeError unless ``local`` (and ``out``) are this rank's blocks."""
+        check_block(local, self.source_shape, self._plan.dtype, self._mc.rank)
+        if out is not None:
+            check_out(out, local, self.target_shape, self._plan.dtype, self._mc.rank)
+
     def _run_unchecked(self, local, out, records):
         """A run without the agreement (``checked=False``).
 
         A rank whose arrays are wrong still takes part, with zeros of the
         right shape, so that no rank waits for it; then it raises.  The
-        other ranks cannot know: their results are undefined then.
+        other ranks cannot know: their results are undefined then.  The
+        memory pre-check is the agreement's (a rank short of memory would
+        take part all the same, with zeros as large as its block).
         """
         given = out
         try:
             self._open(local)
             kind, local, out = _native(local, out, self._mc.rank)
-            self._inputs(local, out, 0)
+            self._arrays(local, out)
             if kind.device:     # the path must not depend on this rank's array
                 raise ShapeError(f"rank {self._mc.rank}: checked=False runs take host "
                                  f"arrays, found a {kind} array")
@@ -518,6 +531,7 @@ class MeshTransfer(Transfer):
         """``(choice, context)`` of ``variant``, made on its first run."""
         if variant not in self._choices:               # device arrays: out of place
             self._choices[variant] = choose(self._plan, False, self._workspace, True)
+            self._largest = max(c.budget.limit for c in self._choices.values())
         choice = self._choices[variant]
         if variant not in self._contexts:
             ctx = self._contexts[variant] = Context(self._comm, self._plan.dtype,
@@ -770,6 +784,12 @@ class CrossTransfer(Transfer):
 
     def _agreed_kind(self, kind, holds):
         return agreed_kind(self._base, repr(self), kind, holds)
+
+    def _arrays(self, local, out):
+        """ShapeError unless ``local`` (and ``out``) are this rank's blocks."""
+        check_block(local, self.source_shape, self._plan.dtype, self._mc.rank)
+        if out is not None:
+            check_out(out, local, self.target_shape, self._plan.dtype, self._mc.rank)
 
     def _run_unchecked(self, local, out, records):
         given = out

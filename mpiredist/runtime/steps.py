@@ -220,8 +220,10 @@ def _rel_runs(box, full):
 # ---------------------------------------------------------------- steps
 
 def _slice(ctx, mem, index, step):
-    before, after = _block(ctx, step.before), _block(ctx, step.after)
-    mem.narrow(*relative(after, before))
+    key = ("slice", index)
+    if key not in ctx.routes:
+        ctx.routes[key] = relative(_block(ctx, step.after), _block(ctx, step.before))
+    mem.narrow(*ctx.routes[key])
     return 0
 
 

@@ -99,7 +99,15 @@ def run(ctx, mem, records=None):
 # ------------------------------------------------------------ geometry
 
 def _block(ctx, layout, digits=None):
-    return rank_block(ctx.plan.global_shape, layout, ctx.mc.digits if digits is None else digits)
+    """The block of ``layout`` on this rank (kept in the context's routes) or on
+    the rank of ``digits``."""
+    if digits is not None:
+        return rank_block(ctx.plan.global_shape, layout, digits)
+    key = ("block", layout)
+    found = ctx.routes.get(key)
+    if found is None:
+        found = ctx.routes[key] = rank_block(ctx.plan.global_shape, layout, ctx.mc.digits)
+    return found
 
 
 def relative(box, outer):
@@ -237,12 +245,15 @@ def _all_gather(ctx, mem, index, step):
     (d,) = step.dims
     comm = ctx.mc.sub(step.axes)
     g, me = comm.Get_size(), comm.Get_rank()
-    mine = _block(ctx, step.after)
-    shape = box_shape(mine)
-    slots = []
-    for m in range(g):
-        lo, hi = _block(ctx, step.before, member_digits(ctx.mc.digits, step.axes, m))[d]
-        slots.append((lo - mine[d][0], hi - lo))
+    key = ("gather", index)
+    if key not in ctx.routes:               # the output's shape and each member's slot
+        mine = _block(ctx, step.after)
+        slots = []
+        for m in range(g):
+            lo, hi = _block(ctx, step.before, member_digits(ctx.mc.digits, step.axes, m))[d]
+            slots.append((lo - mine[d][0], hi - lo))
+        ctx.routes[key] = box_shape(mine), tuple(slots)
+    shape, slots = ctx.routes[key]
     own = mem.region
     sent = math.prod(own.shape) * ctx.itemsize * (g - 1)
     if mem.in_place(step):

@@ -785,12 +785,6 @@ class CrossTransfer(Transfer):
     def _agreed_kind(self, kind, holds):
         return agreed_kind(self._base, repr(self), kind, holds)
 
-    def _arrays(self, local, out):
-        """ShapeError unless ``local`` (and ``out``) are this rank's blocks."""
-        check_block(local, self.source_shape, self._plan.dtype, self._mc.rank)
-        if out is not None:
-            check_out(out, local, self.target_shape, self._plan.dtype, self._mc.rank)
-
     def _run_unchecked(self, local, out, records):
         given = out
         kind, local, out = _native(local, out, self._comm.Get_rank())

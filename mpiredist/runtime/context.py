@@ -65,6 +65,14 @@ class Context:
     def __repr__(self):
         return f"Context({self.dtype}, plan={self.plan is not None}, routes={len(self.routes)})"
 
+    def route(self, key, make):
+        """``routes[key]``, made by ``make()`` on the first run (per-step geometry
+        from the plan and this rank's digits alone)."""
+        found = self.routes.get(key)
+        if found is None:
+            found = self.routes[key] = make()
+        return found
+
     @property
     def device(self):
         """True for device values: CuPy arrays, or a staged run's host rings."""

@@ -103,11 +103,8 @@ def _block(ctx, layout, digits=None):
     the rank of ``digits``."""
     if digits is not None:
         return rank_block(ctx.plan.global_shape, layout, digits)
-    key = ("block", layout)
-    found = ctx.routes.get(key)
-    if found is None:
-        found = ctx.routes[key] = rank_block(ctx.plan.global_shape, layout, ctx.mc.digits)
-    return found
+    return ctx.route(("block", layout),
+                     lambda: rank_block(ctx.plan.global_shape, layout, ctx.mc.digits))
 
 
 def relative(box, outer):
@@ -125,10 +122,8 @@ def _group_pieces(ctx, index, sliced):
     (all-to-all, all-gather): member m gets ``before(me) & after(m)``;
     keys ``(m - me) mod g`` at both ends.  A piece goes whole where it is one
     run of both blocks and the source is not a strided view."""
-    key = ("group", index, sliced)
-    if key not in ctx.routes:
-        ctx.routes[key] = _group_geometry(ctx, ctx.plan.steps[index], sliced)
-    return ctx.routes[key]
+    return ctx.route(("group", index, sliced),
+                     lambda: _group_geometry(ctx, ctx.plan.steps[index], sliced))
 
 
 def _group_geometry(ctx, step, sliced):
@@ -228,10 +223,8 @@ def _rel_runs(box, full):
 # ---------------------------------------------------------------- steps
 
 def _slice(ctx, mem, index, step):
-    key = ("slice", index)
-    if key not in ctx.routes:
-        ctx.routes[key] = relative(_block(ctx, step.after), _block(ctx, step.before))
-    mem.narrow(*ctx.routes[key])
+    mem.narrow(*ctx.route(("slice", index),
+                          lambda: relative(_block(ctx, step.after), _block(ctx, step.before))))
     return 0
 
 
@@ -245,15 +238,14 @@ def _all_gather(ctx, mem, index, step):
     (d,) = step.dims
     comm = ctx.mc.sub(step.axes)
     g, me = comm.Get_size(), comm.Get_rank()
-    key = ("gather", index)
-    if key not in ctx.routes:               # the output's shape and each member's slot
+    def geometry():                         # the output's shape and each member's slot
         mine = _block(ctx, step.after)
         slots = []
         for m in range(g):
             lo, hi = _block(ctx, step.before, member_digits(ctx.mc.digits, step.axes, m))[d]
             slots.append((lo - mine[d][0], hi - lo))
-        ctx.routes[key] = box_shape(mine), tuple(slots)
-    shape, slots = ctx.routes[key]
+        return box_shape(mine), tuple(slots)
+    shape, slots = ctx.route(("gather", index), geometry)
     own = mem.region
     sent = math.prod(own.shape) * ctx.itemsize * (g - 1)
     if mem.in_place(step):
@@ -535,12 +527,10 @@ def _permute(ctx, mem, index, step):
     front).
     """
     mc = ctx.mc
-    key = ("permute", index)
-    if key not in ctx.routes:
-        mesh = ctx.plan.mesh
-        ctx.routes[key] = (permute_dest(mesh, step.before, step.after, mc.digits),
-                           permute_source(mesh, step.before, step.after, mc.digits))
-    dest, source = ctx.routes[key]
+    mesh = ctx.plan.mesh
+    dest, source = ctx.route(("permute", index), lambda: (
+        permute_dest(mesh, step.before, step.after, mc.digits),
+        permute_source(mesh, step.before, step.after, mc.digits)))
     if dest == mc.rank and source == mc.rank:
         mem.unchanged()
         return 0

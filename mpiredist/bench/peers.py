@@ -16,8 +16,9 @@ growth of the peak resident set in one more run (max over ranks; torch
 allocates outside tracemalloc) and that figure over max(S, T) + W, the
 memory contract of mpiredist (S, T this rank's blocks, W the default
 workspace); ``x`` is the peer's time over mpiredist's.  Every result is
-checked against the peer's.  torch.distributed is initialised with gloo
-over 127.0.0.1 here; HeAT needs ``tests/stubs`` on PYTHONPATH on a CPU
+checked against the peer's.  HeAT's cases run before torch.distributed is
+initialised (with gloo over 127.0.0.1, for DTensor's cases): gloo's idle
+threads would take CPU from every case after them; HeAT needs ``tests/stubs`` on PYTHONPATH on a CPU
 torch (its torchvision import).
 """
 
@@ -155,6 +156,18 @@ def main(argv=None):
     comm = MPI.COMM_WORLD
     rows, skipped, missing = [], [], []
     peers = args.peers.split(",")
+    # HeAT's cases run first: once torch.distributed is up, gloo's groups (one
+    # per DeviceMesh dim) leave about 66 threads a process that take CPU while
+    # idle (about 25 ms a second each, 8 ranks: a tenth of this machine's two
+    # cores), which slowed both sides of every later case; mpiredist's
+    # exchanges, p2p under heavy yield, more than HeAT's (5.6 -> 9.7 ms)
+    heat_rows = []
+    if "heat" in peers:
+        try:
+            import heat  # noqa: F401
+            heat_rows = _heat_rows(comm, args)
+        except ImportError as exc:
+            missing.append(f"heat ({exc})")
     if "dtensor" in peers:
         try:
             import torch  # noqa: F401
@@ -162,12 +175,7 @@ def main(argv=None):
             rows += found
         except ImportError as exc:
             missing.append(f"dtensor ({exc})")
-    if "heat" in peers:
-        try:
-            import heat  # noqa: F401
-            rows += _heat_rows(comm, args)
-        except ImportError as exc:
-            missing.append(f"heat ({exc})")
+    rows += heat_rows
     if comm.Get_rank() == 0:
         mib = (lambda b: "-" if b is None else f"{b / 2**20:.2f}")
         print(f"peers: {comm.Get_size()} ranks, scale {args.scale}, median of {args.repeats}")

@@ -217,11 +217,11 @@ def test_plans_priced_by_where_bytes_go_are_exact_and_within_the_bound(problem, 
     from mpiredist.core.subaxes import expand
     from mpiredist.planning import planner
     m = mr.Mesh(dict(mesh))
-    cost = planner._Cost(np.dtype(dtype).itemsize, slow, tuple(shape), m.axes, topology)
-    start = expand(mr.Layout.parse(src_text), m)
 
-    def price(plan):
+    def price(plan):            # on the plan's own view where it has one
         moves = [(s.op, s.axes, s.dims, s.after) for s in plan.steps]
-        return planner._score(tuple(shape), start, moves, m.axes, cost)[3]
+        start = plan.steps[0].before if plan.steps else expand(mr.Layout.parse(src_text), m)
+        cost = planner._Cost(np.dtype(dtype).itemsize, slow, plan.step_shape, m.axes, topology)
+        return planner._score(plan.step_shape, start, moves, m.axes, cost)[3]
     assert price(p) <= price(plain) * (1 + 1e-9), \
         f"{where}\nbytes-priced plan:\n{plain.explain()}"

@@ -70,7 +70,7 @@ def frame_shape(plan, step):
     """
     if step.op not in ("all_to_all", "reduce_scatter"):
         return None
-    shape, g = plan.global_shape, step.group_size
+    shape, g = plan.step_shape, step.group_size
     frame = list(step.local_shape_before)
     j = step.dims[-1]
     frame[j] = g * -(-shape[j] // step.after.counts()[j])

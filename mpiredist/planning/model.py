@@ -106,7 +106,7 @@ def recv_peers(plan, step):
     :func:`most_recv_peers` finds the largest without one.
     """
     space = mesh_sub_axes(plan.mesh.axes)       # combination number == rank
-    return np.concatenate([_peer_counts(plan.global_shape, step.before, step.after, space, q)
+    return np.concatenate([_peer_counts(plan.step_shape, step.before, step.after, space, q)
                            for q in slabs(space)])
 
 
@@ -129,10 +129,10 @@ def exchange_peers(plan, step):
     piece model too (a loop per rank), and the larger number is taken.
     """
     mesh = plan.mesh
-    best = most_recv_peers(plan.global_shape, step.before, step.after, mesh.axes)
+    best = most_recv_peers(plan.step_shape, step.before, step.after, mesh.axes)
     if mesh.size <= EXACT_SEND_PEERS_RANKS:
-        sources = layout_sources(plan.global_shape, mesh, step.before, mesh.size)
-        targets = layout_targets(plan.global_shape, mesh, step.after, mesh.size, True)
+        sources = layout_sources(plan.step_shape, mesh, step.before, mesh.size)
+        targets = layout_targets(plan.step_shape, mesh, step.after, mesh.size, True)
         holders = Holders(sources)
         for r in range(mesh.size):
             sends = send_pieces(r, sources, targets, holders)

@@ -106,13 +106,16 @@ def layout_targets(shape, mesh, layout, comm_size, keep_classes=False):
     return out
 
 
-def plan_pieces(plan, before, after, keep_classes):
+def plan_pieces(plan, before, after, keep_classes, shape=None):
     """``(sources, targets)`` of a move from layout ``before`` to ``after`` of
     ``plan`` on its mesh's own communicator, whose rank is the device (a
-    plan's exchange step, a staged device run), whatever ranks the mesh names."""
+    plan's exchange step, a staged device run), whatever ranks the mesh names.
+    ``shape``: the global shape the layouts are of (default the steps',
+    :attr:`Plan.step_shape <mpiredist.planning.plans.Plan.step_shape>`)."""
     devices, n = Mesh(plan.mesh.axes), plan.mesh.size
-    return (layout_sources(plan.global_shape, devices, before, n),
-            layout_targets(plan.global_shape, devices, after, n, keep_classes=keep_classes))
+    shape = plan.step_shape if shape is None else shape
+    return (layout_sources(shape, devices, before, n),
+            layout_targets(shape, devices, after, n, keep_classes=keep_classes))
 
 
 def _sub(layout, mesh):

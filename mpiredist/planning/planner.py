@@ -18,6 +18,7 @@ Strategies:
     partial sums with an all-reduce).
 """
 
+import itertools
 import math
 from functools import lru_cache
 
@@ -35,6 +36,7 @@ from ..core.layout import Layout
 from ..core.mesh import Mesh, crossing_sub_axes
 from .nodes import Move, across_lower_bound, step_across_bytes
 from .plans import Plan, Step
+from .views import node_views
 from ..core.topology import Topology
 from ..core.subaxes import expand, group_size
 
@@ -210,13 +212,39 @@ def _check_reducible(dtype, src):
 def _plan(shape, dtype, mesh, src, dst, strategy, allow_exchange=True, profile=None,
           topology=None):
     S, T = expand(src, mesh), expand(dst, mesh)
+    view = None
     if strategy == "collectives":
-        cost = _Cost(dtype.itemsize, profile or profiles.DEFAULT, shape, mesh.axes, topology)
+        profile = profile or profiles.DEFAULT
+        cost = _Cost(dtype.itemsize, profile, shape, mesh.axes, topology)
         moves, note = _collectives(shape, S, T, mesh.axes, allow_exchange, cost)
+        if cost.topology is not None:
+            moves, note, view = _on_views(shape, S, T, mesh.axes, allow_exchange, cost,
+                                          moves, note)
     else:
         build = {"replicate": _replicate, "direct": _direct}
         moves, note = build[strategy](shape, S, T, mesh.axes)
-    return assemble(shape, dtype, mesh, src, dst, strategy, moves, note, topology)
+    return assemble(shape, dtype, mesh, src, dst, strategy, moves, note, topology, view)
+
+
+def _on_views(shape, S, T, mesh_axes, allow_exchange, cost, moves, note):
+    """``(moves, note, view)``: the plan of ``moves`` or, where one is predicted
+    faster, the plan on a view that splits a dim at the node boundary
+    (:func:`mpiredist.planning.views.node_views`; ``view`` is ``(view_shape,
+    S', T')`` then, else None)."""
+    crossing = set(crossing_sub_axes(mesh_axes, cost.topology))
+    best = _score(shape, S, moves, mesh_axes, cost)
+    chosen = (moves, note, None)
+    for view_shape, s, t in node_views(shape, S, T, crossing):
+        on_view = _Cost(cost.itemsize, cost.profile, view_shape, mesh_axes, cost.topology)
+        found, why = _collectives(view_shape, s, t, mesh_axes, allow_exchange, on_view)
+        score = _score(view_shape, s, found, mesh_axes, on_view)
+        if (score[3], score[1], score[2]) < (best[3], best[1], best[2]):
+            best = score
+            text = (f"steps on the view {list(view_shape)}: predicted {score[3] * 1e3:.3g} "
+                    f"ms against {_score(shape, S, moves, mesh_axes, cost)[3] * 1e3:.3g} ms "
+                    f"unsplit ({cost.profile.source})")
+            chosen = (found, f"{text}; {why}" if why else text, (view_shape, s, t))
+    return chosen
 
 
 def _reduce_all(S, T):
@@ -276,6 +304,7 @@ def _collectives(shape, S, T, mesh_axes, allow_exchange, cost):
         crossing = set(crossing_sub_axes(mesh_axes, cost.topology))
         candidates += [m for m in (_across_first(shape, S, c, crossing) for c in candidates)
                        if m]
+        candidates += [m for c in candidates for m in _commuted(S, c)]
     ceiling = _score(shape, S, fallback, mesh_axes, cost)[1]
     return _choose(shape, S, candidates, mesh_axes, allow_exchange, cost, ceiling)
 
@@ -327,6 +356,42 @@ def _across_first(shape, start, moves, crossing):
             continue
         split = True
     return out if split else None
+
+
+def _commuted(start, moves):
+    """``moves`` (from layout ``start``) with each run of all-gathers, or of
+    reduce-scatters, on distinct dims in the other orders: they commute (each
+    changes only its own dim, a reduce-scatter also drops its axes from the
+    partial ones), but which goes first decides whether the bytes that cross
+    nodes move while the block is large or small.  The block sizes between
+    them stay between those at the run's ends, within the bound."""
+    out, state, i = [], start, 0
+    states = [start]
+    for move in moves:
+        states.append(move[3])
+    while i < len(moves):
+        op = moves[i][0]
+        j = i
+        while j < len(moves) and moves[j][0] == op and op in ("all_gather", "reduce_scatter") \
+                and len(moves[j][2]) == 1:
+            j += 1
+        run = moves[i:j]
+        if len(run) > 1 and len({m[2][0] for m in run}) == len(run) and len(run) <= 3:
+            for order in itertools.permutations(run):
+                if list(order) == list(run):
+                    continue
+                new, state = [], states[i]
+                for op_, axes, dims, after in order:
+                    d = dims[0]
+                    state = state.replace(
+                        dims=tuple(after.dims[d] if k == d else g
+                                   for k, g in enumerate(state.dims)),
+                        partial=tuple(a for a in state.partial if a not in axes)
+                        if op_ == "reduce_scatter" else state.partial)
+                    new.append((op_, axes, dims, state))
+                out.append(list(moves[:i]) + new + list(moves[j:]))
+        i = max(j, i + 1)
+    return out
 
 
 def _all_reduce_by_levels(shape, before, move, crossing):
@@ -508,15 +573,25 @@ def _move_elems(shape, before, move, mesh_axes):
     return collective_bytes(op, operand, axes)
 
 
-def assemble(shape, dtype, mesh, src, dst, strategy, moves, note="", topology=None):
+def assemble(shape, dtype, mesh, src, dst, strategy, moves, note="", topology=None,
+             view=None):
     """Build a :class:`Plan` from moves ``(op, sub_axes, dims, layout_after)``.
 
     Used by the strategies here and by anything that brings its own step
     sequence (the benchmark's XLA plans).  Arguments must be normalised as
-    :func:`validate` returns them; the moves must end at ``expand(dst)``.
+    :func:`validate` returns them; the moves must end at ``expand(dst)``, or
+    with ``view = (view_shape, S', T')`` (:mod:`mpiredist.planning.views`)
+    start at ``S'`` and end at ``T'`` on ``view_shape``.
     """
-    S = expand(src, mesh)
-    itemsize = dtype.itemsize
+    global_shape, itemsize = shape, dtype.itemsize
+    S, T = expand(src, mesh), expand(dst, mesh)
+    bound = None if topology is None else across_lower_bound(shape, itemsize, S, T, mesh.axes,
+                                                             topology)
+    lower = lower_bound_bytes(shape, itemsize, S, T, mesh.axes)
+    view_shape = None
+    if view is not None:
+        view_shape, S, T = view
+        shape = view_shape
     steps, state = [], S
     for move in moves:
         op, axes, dims, after = move
@@ -528,15 +603,12 @@ def assemble(shape, dtype, mesh, src, dst, strategy, moves, note="", topology=No
         steps.append(Step(op, tuple(axes), tuple(dims), state, after,
                           local_shape(shape, state), local_shape(shape, after), sent, across))
         state = after
-    T = expand(dst, mesh)
     if state != T:
         raise AssertionError(f"internal planner error: plan ends at {state}, not {T}")
     nbytes = [math.prod(local_shape(shape, S)) * itemsize]
     nbytes += [math.prod(s.local_shape_after) * itemsize for s in steps]
-    bound = None if topology is None else across_lower_bound(shape, itemsize, S, T, mesh.axes,
-                                                             topology)
-    return Plan(shape, dtype, mesh, src, dst, strategy, tuple(steps),
-                nbytes[0], math.prod(local_shape(shape, T)) * itemsize, max(nbytes),
-                sum(s.bytes_sent_per_rank for s in steps),
-                lower_bound_bytes(shape, itemsize, S, T, mesh.axes), note, topology, bound)
+    return Plan(global_shape, dtype, mesh, src, dst, strategy, tuple(steps), nbytes[0],
+                math.prod(local_shape(shape, T)) * itemsize, max(nbytes),
+                sum(s.bytes_sent_per_rank for s in steps), lower, note, topology, bound,
+                view_shape)
 

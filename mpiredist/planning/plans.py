@@ -98,6 +98,16 @@ class Plan:
     note: str = field(default="")
     topology: object = None                     # the Topology it was planned for
     inter_node_lower_bound_bytes_per_rank: object = None
+    view_shape: object = None                   # the shape its steps run on, if not global_shape
+
+    @property
+    def step_shape(self):
+        """The global shape the steps run on: ``global_shape``, or the view of it
+        with one dim split in two at a node boundary
+        (:mod:`mpiredist.planning.views`) that the planner chose; the steps'
+        layouts and local shapes are the view's, every rank's block the same
+        memory in both."""
+        return self.global_shape if self.view_shape is None else self.view_shape
 
     @property
     def inter_node_bytes_per_rank(self):
@@ -123,6 +133,7 @@ class Plan:
     def to_dict(self):
         return {"strategy": self.strategy, "mesh": str(self.mesh),
                 "global_shape": list(self.global_shape), "dtype": str(self.dtype),
+                "view_shape": None if self.view_shape is None else list(self.view_shape),
                 "src": str(self.src), "dst": str(self.dst),
                 "steps": [s.to_dict() for s in self.steps],
                 "src_local_bytes": self.src_local_bytes,
@@ -144,6 +155,9 @@ class Plan:
         """A readable table of the steps, then the totals."""
         head = (f"plan {self.strategy}: {list(self.global_shape)} {self.dtype} on mesh "
                 f"{self.mesh}\n  {self.src}  ->  {self.dst}\n")
+        if self.view_shape is not None:
+            head += (f"  steps on the view {list(self.view_shape)} (a dim split at the node "
+                     f"boundary): {self.steps[0].before}  ->  {self.steps[-1].after}\n")
         nodes = self.topology is not None
         rows = [("#", "op", "axes", "dims", "local before", "local after", "sent/rank")
                 + (("across nodes",) if nodes else ())]

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..core.blocks import block_index, overlap, rank_block
 from ..core.errors import ShapeError
-from ..core.subaxes import rank_digits
+from ..core.subaxes import expand, rank_digits
 from .pieces import REDUCERS
 from .routing import member_ranks, permute_source
 
@@ -50,6 +50,9 @@ def simulate(plan, blocks, topology=None):
         raise ShapeError(f"simulate: {len(blocks)} blocks for a mesh of {mesh.size} ranks")
     digits = [rank_digits(mesh, r) for r in range(mesh.size)]
     state = [np.array(b, dtype=plan.dtype, copy=True) for b in blocks]
+    if plan.view_shape is not None:         # the same elements, one dim split in two
+        state = [b.reshape(_box_shape(rank_block(plan.view_shape, plan.steps[0].before, d)))
+                 for b, d in zip(state, digits)]
     nodes = None if topology is None else topology.array()
     across = []
     for step in plan.steps:
@@ -63,7 +66,15 @@ def simulate(plan, blocks, topology=None):
                 got[dst] += nbytes
         state = [run(plan, step, state, digits, r, account) for r in range(mesh.size)]
         across.append(node_share(sent, got, nodes) if nodes is not None else 0)
+    if plan.view_shape is not None:
+        dst = expand(plan.dst, mesh)
+        state = [b.reshape(_box_shape(rank_block(plan.global_shape, dst, d)))
+                 for b, d in zip(state, digits)]
     return state if topology is None else (state, across)
+
+
+def _box_shape(box):
+    return tuple(hi - lo for lo, hi in box)
 
 
 def _relative(box, outer):
@@ -71,8 +82,8 @@ def _relative(box, outer):
 
 
 def _slice(plan, step, state, digits, r, account):
-    before = rank_block(plan.global_shape, step.before, digits[r])
-    after = rank_block(plan.global_shape, step.after, digits[r])
+    before = rank_block(plan.step_shape, step.before, digits[r])
+    after = rank_block(plan.step_shape, step.after, digits[r])
     if any(hi <= lo for lo, hi in after):
         return np.empty(tuple(hi - lo for lo, hi in after), dtype=plan.dtype)
     return state[r][_relative(after, before)].copy()
@@ -92,10 +103,10 @@ def _all_gather(plan, step, state, digits, r, account):
 
 def _all_to_all(plan, step, state, digits, r, account):
     i, j = step.dims
-    after = rank_block(plan.global_shape, step.after, digits[r])
+    after = rank_block(plan.step_shape, step.after, digits[r])
     parts = []
     for m in _members(plan, step, digits, r):
-        before = rank_block(plan.global_shape, step.before, digits[m])
+        before = rank_block(plan.step_shape, step.before, digits[m])
         rel = _relative(after, before)
         index = [slice(None)] * len(after)
         index[j] = rel[j]
@@ -112,8 +123,8 @@ def _reduce(plan, arrays):
 
 
 def _reduce_scatter(plan, step, state, digits, r, account):
-    before = rank_block(plan.global_shape, step.before, digits[r])
-    after = rank_block(plan.global_shape, step.after, digits[r])
+    before = rank_block(plan.step_shape, step.before, digits[r])
+    after = rank_block(plan.step_shape, step.after, digits[r])
     rel = _relative(after, before)
     parts = []
     for m in _members(plan, step, digits, r):
@@ -141,7 +152,7 @@ def _permute(plan, step, state, digits, r, account):
 def _exchange(plan, step, state, digits, r, account):
     """Every element of rank r's target block from some rank holding it in the
     same partial class (the lowest such rank: any holder has the same values)."""
-    shape = plan.global_shape
+    shape = plan.step_shape
     mine = rank_block(shape, step.after, digits[r])
     out = np.empty(tuple(hi - lo for lo, hi in mine), dtype=plan.dtype)
     filled = np.zeros(out.shape, dtype=bool)

@@ -280,7 +280,7 @@ class OneBuffer:
         return bytes_as(self.buf, self.offset, self.plan.dtype, shape)
 
     def block(self, layout, digits=None):
-        return rank_block(self.plan.global_shape, layout, digits or self.ctx.mc.digits)
+        return rank_block(self.plan.step_shape, layout, digits or self.ctx.mc.digits)
 
     def to_front(self):
         """Move the block to the front of the buffer (in chunks), if it is not there."""

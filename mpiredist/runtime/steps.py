@@ -102,9 +102,9 @@ def _block(ctx, layout, digits=None):
     """The block of ``layout`` on this rank (kept in the context's routes) or on
     the rank of ``digits``."""
     if digits is not None:
-        return rank_block(ctx.plan.global_shape, layout, digits)
+        return rank_block(ctx.plan.step_shape, layout, digits)
     return ctx.route(("block", layout),
-                     lambda: rank_block(ctx.plan.global_shape, layout, ctx.mc.digits))
+                     lambda: rank_block(ctx.plan.step_shape, layout, ctx.mc.digits))
 
 
 def relative(box, outer):
@@ -189,7 +189,7 @@ def one_call(ctx, step, room):
     most = max(math.prod(step.local_shape_before), math.prod(step.local_shape_after))
     if not (2 * most * ctx.itemsize <= room and most * ctx.itemsize <= ONE_CALL_MAX):
         return False
-    even = step.op == "all_to_all" and divides_evenly(ctx.plan.global_shape,
+    even = step.op == "all_to_all" and divides_evenly(ctx.plan.step_shape,
                                                       (step.before, step.after))
     return "even" if even else "v"
 

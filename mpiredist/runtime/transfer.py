@@ -510,6 +510,10 @@ class MeshTransfer(Transfer):
         if self._donate and variant is not Variant.GIVEN:
             self._warn_donation(verdict.why)
         choice, ctx = self._program(variant, local)
+        view = choice.plan.view_shape
+        if view is not None:                # the steps' view: one dim split in two, no copy
+            local, out = _split_views(ctx, local, out,
+                                      variant is Variant.GIVEN and verdict.resizable)
 
         def run():                          # data moves from here: a failure aborts
             if not choice.inplace:
@@ -525,7 +529,10 @@ class MeshTransfer(Transfer):
                 mem = OneBuffer(ctx, local, variant is Variant.GIVEN, choice.budget.workspace,
                                 buffer, verdict.resizable, out)
             return steps.run(ctx, mem, records)
-        return guard(self._base, repr(self), run)
+        result = guard(self._base, repr(self), run)
+        if view is not None:
+            result = _merged(result, self.target_shape)
+        return result
 
     def _program(self, variant, local):
         """``(choice, context)`` of ``variant``, made on its first run."""
@@ -563,7 +570,8 @@ class MeshTransfer(Transfer):
             self._program(Variant.DEVICE, local)    # its BudgetWarning, before data moves
             plan = self._plan
             sources, targets = plan_pieces(plan, plan.src, plan.dst,
-                                           keep_classes=bool(plan.dst.partial))
+                                           keep_classes=bool(plan.dst.partial),
+                                           shape=plan.global_shape)
             found = Exchange(Context(self._comm, plan.dtype, staged=True),
                              sources, targets, self._workspace, plan.src.op, views=True)
             self._kept.setdefault(Variant.DEVICE, {})["staged"] = found
@@ -594,6 +602,41 @@ class MeshTransfer(Transfer):
         for variant, choice in self._choices.items():
             lines += _explain_choice(variant, choice)
         return "\n".join(lines)
+
+
+def _split_views(ctx, local, out, resizable):
+    """``local`` and ``out`` as this rank's blocks of the view that the plan's
+    steps run on (:attr:`Plan.view_shape
+    <mpiredist.planning.plans.Plan.view_shape>`): one dim split in two, which
+    is a view of any strided array (no copy).  A donated block that may be
+    reallocated keeps its identity (its shape is set in place, as the
+    one-buffer strategy sets it anyway)."""
+    plan = ctx.plan
+    before, after = ctx.route(("view",), lambda: tuple(
+        box_shape(rank_block(plan.step_shape, layout, ctx.mc.digits))
+        for layout in (plan.steps[0].before, plan.steps[-1].after)))
+    if resizable:
+        local.shape = before
+    else:
+        local = _no_copy(local, before)
+    if out is not None:
+        out = _no_copy(out, after)
+    return local, out
+
+
+def _no_copy(array, shape):
+    """``array`` with ``shape`` as a view (a numpy array raises rather than copy;
+    CuPy's reshape of a split dim, or of a C-contiguous block, is a view)."""
+    if isinstance(array, np.ndarray):
+        view = array.view()
+        view.shape = shape
+        return view
+    return array.reshape(shape)
+
+
+def _merged(result, shape):
+    """The result of a run on a view, in this rank's target block shape."""
+    return _no_copy(result, shape) if tuple(result.shape) != tuple(shape) else result
 
 
 def _explain_choice(variant, choice):

@@ -118,3 +118,53 @@ def test_a_mesh_over_every_rank_in_another_order(src, dst):
     out = mr.redistribute(np.array(block), G.shape, mesh, oracle.layout_text(sd), oracle.layout_text(dd))
     all_ok(COMM, np.array_equal(out, oracle.expected(G, axes, dd, device)),
            f"rank {RANK}: redistribute on the reordered mesh")
+
+
+@pytest.mark.parametrize("shape", [(8, 5), (4, 3, 2)])
+@pytest.mark.parametrize("src, dst", [
+    (("x",), ()),                                       # all-gather (c02)
+    ((), ("x",)),                                       # partial sums reduced and scattered (c11)
+])
+def test_plans_on_a_view_split_at_the_node_boundary_run_exact(shape, src, dst, tmp_path,
+                                                              monkeypatch):
+    """On two made-up nodes whose major digit of x crosses (device d on node
+    d // (P/2)) and links priced 20x slower, gathers and reduce-scatters over
+    x run on the view that splits dim 0 at the node boundary: every rank's
+    result equals the oracle's, with ``out=`` too and donated, and a source
+    that is not donated is unchanged."""
+    import dataclasses
+    import json
+
+    from mpiredist.planning import profile as profiles
+    if SIZE < 4 or SIZE % 2:
+        pytest.skip("an even number of ranks, at least 4 (two nodes, two ranks each)")
+    slow = dataclasses.replace(profiles.DEFAULT, beta_across=tuple(
+        (op, 1, profiles.BETA / 20) for op in profiles.OPS))
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(slow.to_dict()))
+    monkeypatch.setenv(profiles.ENV, str(path))
+    fake = mr.Topology.uniform(2, SIZE // 2)
+    mesh = mr.Mesh({"x": SIZE}, COMM, None, fake)
+    axes = list(mesh.axes)
+    shape = (shape[0] * SIZE,) + shape[1:]
+    rest = ((),) * (len(shape) - 1)
+    sd = ((src,) + rest, () if src else ("x",))       # dim 0 over x, or partial sums over x
+    dd = ((dst,) + rest, ())
+    rng = np.random.default_rng(5)
+    G = oracle.global_array(shape, np.int64, rng)
+    block = oracle.source_blocks(G, axes, *sd, rng=rng)[RANK]
+    want = oracle.expected(G, axes, dd[0], RANK)
+    for donate in (False, True):
+        for given in (False, True):
+            with mr.Transfer(shape, G.dtype, mesh, oracle.layout_text(*sd),
+                             oracle.layout_text(*dd), donate=donate) as tr:
+                all_ok(COMM, tr.plan.view_shape == (2, shape[0] // 2) + shape[1:],
+                       f"the plan runs on the view: {tr.plan.explain()}")
+                mine = block.copy()
+                out = np.empty(tr.target_shape, G.dtype) if given else None
+                got = tr.run(mine, out=out)
+            where = f"rank {RANK} {sd}->{dd} donate={donate} out={given}"
+            all_ok(COMM, got.shape == want.shape and np.array_equal(got, want),
+                   f"{where}: {got} != {want}")
+            all_ok(COMM, not given or got is out, f"{where}: out= is the result")
+            all_ok(COMM, donate or np.array_equal(mine, block), f"{where}: source changed")

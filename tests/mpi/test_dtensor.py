@@ -71,8 +71,9 @@ def test_equals_dtensor_redistribute(shape):
             theirs = x.redistribute(mesh, dst)
             want = _oracle(G, mesh, dst)
             ok = (isinstance(ours, DTensor) and tuple(ours.shape) == shape
-                  and list(ours.placements) == dst
-                  and torch.equal(ours.to_local(), want))
+                  and list(ours.placements) == dst and ours.stride() == theirs.stride()
+                  and ours.device_mesh is mesh and ours.dtype == theirs.dtype
+                  and not ours.requires_grad and torch.equal(ours.to_local(), want))
             same = torch.equal(ours.to_local(), theirs.to_local()) if tuple(
                 theirs.to_local().shape) == tuple(want.shape) else None
             all_ok(COMM, ok and same is not False,

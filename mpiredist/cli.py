@@ -98,17 +98,33 @@ class PlanCommand:
                                  "(default all, in order)")
         parser.add_argument("--dst-ranks", metavar="LIST",
                             help="ranks of the target mesh (default all, in order)")
+        parser.add_argument("--ranks-per-node", type=_positive_int, metavar="R",
+                            help="plan for nodes of R devices, device d on node d // R "
+                                 "(mr.Topology.uniform): every step's bytes across nodes "
+                                 "and their lower bound; a profile with across-node "
+                                 "rates (MPIREDIST_PROFILE, from calibrate on two or more "
+                                 "nodes) also prices them")
 
     @staticmethod
     def run(args):
+        from .core.errors import MeshError
         from .core.mesh import Mesh
+        from .core.topology import Topology
         from .planning.planner import plan
         mesh = Mesh(args.mesh, ranks=args.ranks)
         dst_mesh = None
         if args.dst_mesh or args.dst_ranks:
             dst_mesh = Mesh(args.dst_mesh or args.mesh, ranks=args.dst_ranks)
+        topology = None
+        if args.ranks_per_node is not None:
+            per = args.ranks_per_node
+            size = mesh.size if dst_mesh is None else max(mesh.size, dst_mesh.size)
+            if size % per:
+                raise MeshError(f"--ranks-per-node {per} does not divide the {size} devices "
+                                f"of mesh {mesh}")
+            topology = Topology.uniform(size // per, per)
         p = plan(parse_shape(args.shape), args.dtype, mesh, args.src, args.dst,
-                 strategy=args.strategy, dst_mesh=dst_mesh)
+                 strategy=args.strategy, dst_mesh=dst_mesh, topology=topology)
         # default=str: the dtype is a numpy dtype object in Plan.to_dict.
         print(p.to_json(indent=2, default=str) if args.json else p.explain())
         return 0

@@ -96,6 +96,33 @@ def test_bad_input_is_one_line_exit_2(capsys, flag, value, culprit):
     assert culprit in lines[0]
 
 
+def test_plan_for_nodes_shows_the_bytes_across_them_and_a_view(capsys, tmp_path,
+                                                               monkeypatch):
+    """--ranks-per-node plans for nodes of R devices; with a profile that has
+    across-node rates, an all-gather whose major digit crosses runs on the
+    view that splits dim 0 at the node boundary."""
+    import dataclasses
+
+    from mpiredist.planning import profile as profiles
+    argv = ["plan", "--mesh", "x=8", "--shape", "64,32", "--src", "[{x},{}]",
+            "--dst", "[{},{}]", "--json", "--ranks-per-node", "4"]
+    assert cli.main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["inter_node_bytes_per_rank"] == 4 * doc["inter_node_lower_bound_bytes_per_rank"]
+    assert doc["view_shape"] is None
+    slow = dataclasses.replace(profiles.DEFAULT, beta_across=tuple(
+        (op, 1, profiles.BETA / 20) for op in profiles.OPS))
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(slow.to_dict()))
+    monkeypatch.setenv(profiles.ENV, str(path))
+    assert cli.main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["view_shape"] == [2, 32, 32]
+    assert doc["inter_node_bytes_per_rank"] == doc["inter_node_lower_bound_bytes_per_rank"]
+    assert cli.main(argv[:-1] + ["3"]) == 2
+    assert "does not divide" in capsys.readouterr().err
+
+
 def test_bad_input_in_a_fresh_process():
     out = _run("plan", *ARGS, "--src", "[{w},{}]")
     assert out.returncode == 2

@@ -103,7 +103,9 @@ class PlanCommand:
                                  "(mr.Topology.uniform): every step's bytes across nodes "
                                  "and their lower bound; a profile with across-node "
                                  "rates (MPIREDIST_PROFILE, from calibrate on two or more "
-                                 "nodes) also prices them")
+                                 "nodes) also prices them (plans on one mesh, or on two "
+                                 "whose axes nest; between others it orders "
+                                 "--dst-ranks auto)")
 
     @staticmethod
     def run(args):
@@ -117,11 +119,15 @@ class PlanCommand:
             dst_mesh = Mesh(args.dst_mesh or args.mesh, ranks=args.dst_ranks)
         topology = None
         if args.ranks_per_node is not None:
+            from .planning.crossmesh import comm_size_of
             per = args.ranks_per_node
-            size = mesh.size if dst_mesh is None else max(mesh.size, dst_mesh.size)
+            meshes = [m for m in (mesh, dst_mesh) if m is not None]
+            size = max([comm_size_of(*[m for m in meshes if not m.auto])]
+                       + [m.size for m in meshes])
             if size % per:
-                raise MeshError(f"--ranks-per-node {per} does not divide the {size} devices "
-                                f"of mesh {mesh}")
+                raise MeshError(f"--ranks-per-node {per} does not divide the {size} ranks "
+                                f"of mesh {mesh}" + ("" if dst_mesh is None else
+                                                     f" and mesh {dst_mesh}"))
             topology = Topology.uniform(size // per, per)
         p = plan(parse_shape(args.shape), args.dtype, mesh, args.src, args.dst,
                  strategy=args.strategy, dst_mesh=dst_mesh, topology=topology)

@@ -88,6 +88,16 @@ def test_major_crossing_gather_and_reduce_scatter_reach_the_across_node_bound(sr
                math.prod(crossing[0].local_shape_after)) == 2 * small, p.explain()
 
 
+def test_a_view_brings_no_exchange_where_exchanges_are_not_allowed():
+    """The one-buffer strategy asks for plans without exchange steps: a view
+    whose plan needs one is not taken where the plain dim's plan has none."""
+    args = ((12, 6), "float64", {"x": 2, "y": 6}, "[{y},{}] sum{x}", "[{x},{y}]")
+    kw = dict(topology=mr.Topology.uniform(4, 3), profile=SLOW)
+    p = mr.plan(*args, **kw, allow_exchange=False)
+    assert all(s.op != "exchange" for s in p.steps), p.explain()
+    assert any(s.op == "exchange" for s in mr.plan(*args, **kw).steps)
+
+
 def test_no_view_on_one_node_or_without_across_node_rates():
     for kwargs in ({}, {"profile": SLOW}, {"topology": TWO_BY_FOUR}):
         p = mr.plan((64, 32), "float32", X8, "[{x}, {}]", "[{}, {}]", **kwargs)

@@ -163,10 +163,14 @@ def _as_dtensor(local, call):
     spec = specs.get(key)
     if spec is None:
         try:
+            from torch.distributed.tensor import Shard
             from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-            spec = DTensorSpec(call.dst_mesh, tuple(call.placements),
+            # DTensorSpec wants shard dims normalised (from_local does it itself)
+            placements = tuple(Shard(p.dim + len(shape)) if type(p) is Shard and p.dim < 0
+                               else p for p in call.placements)
+            spec = DTensorSpec(call.dst_mesh, placements,
                                TensorMeta(torch.Size(shape), stride, local.dtype))
-        except (ImportError, TypeError):
+        except Exception:       # noqa: BLE001  (data has moved: never fail here)
             spec = False
         if len(specs) >= _CACHE_SIZE:
             specs.clear()
@@ -174,7 +178,7 @@ def _as_dtensor(local, call):
     if spec is not False:
         try:
             return DTensor(local, spec, requires_grad=False)
-        except TypeError:
+        except Exception:       # noqa: BLE001  (another torch: its public way below)
             specs[key] = False
     return DTensor.from_local(local, call.dst_mesh, call.placements, run_check=False,
                               shape=torch.Size(shape), stride=stride)

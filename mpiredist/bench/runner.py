@@ -443,16 +443,25 @@ class _OneBuffer:
         if plan.strategy == "collectives":
             def replan():
                 return planner.plan(plan.global_shape, plan.dtype, plan.mesh, plan.src,
-                                    plan.dst, "collectives", allow_exchange=False)
+                                    plan.dst, "collectives", allow_exchange=False,
+                                    topology=plan.topology)
         self.plan, _, _, budget = in_place_plan(plan, assess(plan, False, w), False, w, replan)
         self.workspace = budget.workspace
         mc = mesh_comm(mesh)
         self.ctx = Context(mc.comm, plan.dtype, np, self.plan, mc)
         self.ctx.reduce_room = reduction_room(self.workspace)
         self._run, self._memory = steps.run, OneBuffer
+        box = rank_block(plan.global_shape, expand(plan.dst, plan.mesh), mc.digits)
+        self._target = tuple(hi - lo for lo, hi in box)       # this rank's result shape
 
     def run(self, local, records=None):
-        return self._run(self.ctx, self._memory(self.ctx, local, False, self.workspace), records)
+        from ..runtime.transfer import merged, split_views
+        if self.plan.view_shape is None:
+            return self._run(self.ctx, self._memory(self.ctx, local, False, self.workspace),
+                             records)
+        view, _ = split_views(self.ctx, local, None, False)
+        out = self._run(self.ctx, self._memory(self.ctx, view, False, self.workspace), records)
+        return merged(out, self._target)
 
     def free(self):
         self.ctx.free()

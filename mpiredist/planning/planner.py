@@ -237,6 +237,8 @@ def _on_views(shape, S, T, mesh_axes, allow_exchange, cost, moves, note):
     for view_shape, s, t in node_views(shape, S, T, crossing):
         on_view = _Cost(cost.itemsize, cost.profile, view_shape, mesh_axes, cost.topology)
         found, why = _collectives(view_shape, s, t, mesh_axes, allow_exchange, on_view)
+        if not allow_exchange and _has_exchange(found) and not _has_exchange(moves):
+            continue            # the view needs an exchange, the plain dim does not
         score = _score(view_shape, s, found, mesh_axes, on_view)
         if (score[3], score[1], score[2]) < (best[3], best[1], best[2]):
             best = score
@@ -356,6 +358,10 @@ def _across_first(shape, start, moves, crossing):
             continue
         split = True
     return out if split else None
+
+
+def _has_exchange(moves):
+    return any(m[0] == "exchange" for m in moves)
 
 
 def _commuted(start, moves):

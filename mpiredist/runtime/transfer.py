@@ -511,11 +511,12 @@ class MeshTransfer(Transfer):
             self._warn_donation(verdict.why)
         choice, ctx = self._program(variant, local)
         view = choice.plan.view_shape
-        if view is not None:                # the steps' view: one dim split in two, no copy
-            local, out = _split_views(ctx, local, out,
-                                      variant is Variant.GIVEN and verdict.resizable)
 
         def run():                          # data moves from here: a failure aborts
+            nonlocal local, out
+            if view is not None:            # the steps' view: one dim split in two, no copy
+                local, out = split_views(ctx, local, out,
+                                         variant is Variant.GIVEN and verdict.resizable)
             if not choice.inplace:
                 ctx.pool = self._kept.setdefault(variant, {}) if out is not None else None
                 mem = Fresh(ctx, local, out, choice.slack)
@@ -531,7 +532,7 @@ class MeshTransfer(Transfer):
             return steps.run(ctx, mem, records)
         result = guard(self._base, repr(self), run)
         if view is not None:
-            result = _merged(result, self.target_shape)
+            result = merged(result, self.target_shape)
         return result
 
     def _program(self, variant, local):
@@ -604,7 +605,7 @@ class MeshTransfer(Transfer):
         return "\n".join(lines)
 
 
-def _split_views(ctx, local, out, resizable):
+def split_views(ctx, local, out, resizable):
     """``local`` and ``out`` as this rank's blocks of the view that the plan's
     steps run on (:attr:`Plan.view_shape
     <mpiredist.planning.plans.Plan.view_shape>`): one dim split in two, which
@@ -626,15 +627,17 @@ def _split_views(ctx, local, out, resizable):
 
 def _no_copy(array, shape):
     """``array`` with ``shape`` as a view (a numpy array raises rather than copy;
-    CuPy's reshape of a split dim, or of a C-contiguous block, is a view)."""
+    CuPy's reshape of a split dim, or of a C-contiguous block, is a view).
+    A numpy matrix, which has two dims whatever its shape, is viewed as a
+    plain array."""
     if isinstance(array, np.ndarray):
-        view = array.view()
+        view = array.view(np.ndarray if isinstance(array, np.matrix) else type(array))
         view.shape = shape
         return view
     return array.reshape(shape)
 
 
-def _merged(result, shape):
+def merged(result, shape):
     """The result of a run on a view, in this rank's target block shape."""
     return _no_copy(result, shape) if tuple(result.shape) != tuple(shape) else result
 
@@ -671,7 +674,7 @@ def _replanner(plan):
 
     def replan():
         return planner.plan(plan.global_shape, plan.dtype, plan.mesh, plan.src, plan.dst,
-                            "collectives", allow_exchange=False)
+                            "collectives", allow_exchange=False, topology=plan.topology)
     return replan
 
 

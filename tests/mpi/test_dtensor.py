@@ -53,7 +53,7 @@ def _oracle(G, mesh, placements):
 
 
 PAIRS_1D = [([Shard(0)], [Shard(1)]), ([Shard(1)], [Replicate()]), ([Replicate()], [Shard(0)]),
-            ([Shard(0)], [Shard(0)])]
+            ([Shard(0)], [Shard(0)]), ([Shard(0)], [Shard(-1)])]
 PAIRS_2D = [([Shard(0), Shard(1)], [Shard(1), Shard(0)]),
             ([Shard(0), Shard(0)], [Replicate(), Shard(1)]),
             ([Replicate(), Shard(0)], [Shard(1), Replicate()]),
@@ -71,7 +71,8 @@ def test_equals_dtensor_redistribute(shape):
             theirs = x.redistribute(mesh, dst)
             want = _oracle(G, mesh, dst)
             ok = (isinstance(ours, DTensor) and tuple(ours.shape) == shape
-                  and list(ours.placements) == dst and ours.stride() == theirs.stride()
+                  and list(ours.placements) == list(theirs.placements)
+                  and ours.stride() == theirs.stride()
                   and ours.device_mesh is mesh and ours.dtype == theirs.dtype
                   and not ours.requires_grad and torch.equal(ours.to_local(), want))
             same = torch.equal(ours.to_local(), theirs.to_local()) if tuple(
@@ -198,9 +199,10 @@ def test_cuda_dtensors(cuda_locals):
             ours = mr.torch.redistribute(x, dst)
         counts = dict(fakecupy.COUNTS)
         want = _oracle(G, mesh, dst)
-        ok = (isinstance(ours, DTensor) and list(ours.placements) == dst
+        theirs = x.redistribute(mesh, dst)
+        ok = (isinstance(ours, DTensor) and list(ours.placements) == list(theirs.placements)
               and torch.equal(ours.to_local(), want)
-              and torch.equal(ours.to_local(), x.redistribute(mesh, dst).to_local()))
+              and torch.equal(ours.to_local(), theirs.to_local()))
         moves = P > 1 and src != dst and src != [Replicate()]   # else all pieces local
         copies = COMM.allreduce(counts.get("to_host", 0) + counts.get("to_device", 0))
         path = counts.get("alloc", 0) >= 1 and (name == "aware" or not moves or copies > 0)

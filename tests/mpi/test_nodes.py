@@ -12,6 +12,7 @@ device each rank is (device ``d`` is rank ``mesh.ranks[d]``).
 """
 
 import socket
+import warnings
 
 import numpy as np
 import pytest
@@ -154,17 +155,25 @@ def test_plans_on_a_view_split_at_the_node_boundary_run_exact(shape, src, dst, t
     G = oracle.global_array(shape, np.int64, rng)
     block = oracle.source_blocks(G, axes, *sd, rng=rng)[RANK]
     want = oracle.expected(G, axes, dd[0], RANK)
-    for donate in (False, True):
-        for given in (False, True):
-            with mr.Transfer(shape, G.dtype, mesh, oracle.layout_text(*sd),
-                             oracle.layout_text(*dd), donate=donate) as tr:
-                all_ok(COMM, tr.plan.view_shape == (2, shape[0] // 2) + shape[1:],
-                       f"the plan runs on the view: {tr.plan.explain()}")
-                mine = block.copy()
-                out = np.empty(tr.target_shape, G.dtype) if given else None
+    # (donate, out=, W): a small W makes the donated block itself the buffer
+    for donate, given, w in ((False, False, None), (False, True, None), (True, False, None),
+                             (True, True, None), (True, False, 1 << 16), (False, False, 1 << 16)):
+        with mr.Transfer(shape, G.dtype, mesh, oracle.layout_text(*sd), oracle.layout_text(*dd),
+                         donate=donate, workspace_bytes=w) as tr:
+            all_ok(COMM, tr.plan.view_shape == (2, shape[0] // 2) + shape[1:],
+                   f"the plan runs on the view: {tr.plan.explain()}")
+            mine = block.copy()
+            if len(shape) == 2 and not donate:
+                mine = np.asmatrix(mine)        # a block the checks take, with two dims only
+            out = np.empty(tr.target_shape, G.dtype) if given else None
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
                 got = tr.run(mine, out=out)
-            where = f"rank {RANK} {sd}->{dd} donate={donate} out={given}"
-            all_ok(COMM, got.shape == want.shape and np.array_equal(got, want),
-                   f"{where}: {got} != {want}")
-            all_ok(COMM, not given or got is out, f"{where}: out= is the result")
-            all_ok(COMM, donate or np.array_equal(mine, block), f"{where}: source changed")
+        where = f"rank {RANK} {sd}->{dd} donate={donate} out={given} W={w}"
+        all_ok(COMM, got.shape == want.shape and np.array_equal(got, want),
+               f"{where}: {got} != {want}")
+        all_ok(COMM, not given or got is out, f"{where}: out= is the result")
+        all_ok(COMM, donate or np.array_equal(mine, block), f"{where}: source changed")
+        all_ok(COMM, not caught, f"{where}: {[str(c.message) for c in caught]}")
+        if donate and w is not None:            # the donated memory became the result
+            all_ok(COMM, np.shares_memory(got, mine), f"{where}: the donated block is reused")

@@ -451,8 +451,6 @@ class _OneBuffer:
         self.ctx = Context(mc.comm, plan.dtype, np, self.plan, mc)
         self.ctx.reduce_room = reduction_room(self.workspace)
         self._run, self._memory = steps.run, OneBuffer
-        box = rank_block(plan.global_shape, expand(plan.dst, plan.mesh), mc.digits)
-        self._target = tuple(hi - lo for lo, hi in box)       # this rank's result shape
 
     def run(self, local, records=None):
         from ..runtime.transfer import merged, split_views
@@ -461,7 +459,7 @@ class _OneBuffer:
                              records)
         view, _ = split_views(self.ctx, local, None, False)
         out = self._run(self.ctx, self._memory(self.ctx, view, False, self.workspace), records)
-        return merged(out, self._target)
+        return merged(self.ctx, out)
 
     def free(self):
         self.ctx.free()

@@ -18,7 +18,7 @@ Examples
 
 import numpy as np
 
-from ..core.blocks import block_index, overlap, rank_block
+from ..core.blocks import block_index, box_shape, overlap, rank_block
 from ..core.errors import ShapeError
 from ..core.subaxes import expand, rank_digits
 from .pieces import REDUCERS
@@ -51,7 +51,7 @@ def simulate(plan, blocks, topology=None):
     digits = [rank_digits(mesh, r) for r in range(mesh.size)]
     state = [np.array(b, dtype=plan.dtype, copy=True) for b in blocks]
     if plan.view_shape is not None:         # the same elements, one dim split in two
-        state = [b.reshape(_box_shape(rank_block(plan.view_shape, plan.steps[0].before, d)))
+        state = [b.reshape(box_shape(rank_block(plan.view_shape, plan.steps[0].before, d)))
                  for b, d in zip(state, digits)]
     nodes = None if topology is None else topology.array()
     across = []
@@ -68,13 +68,10 @@ def simulate(plan, blocks, topology=None):
         across.append(node_share(sent, got, nodes) if nodes is not None else 0)
     if plan.view_shape is not None:
         dst = expand(plan.dst, mesh)
-        state = [b.reshape(_box_shape(rank_block(plan.global_shape, dst, d)))
+        state = [b.reshape(box_shape(rank_block(plan.global_shape, dst, d)))
                  for b, d in zip(state, digits)]
     return state if topology is None else (state, across)
 
-
-def _box_shape(box):
-    return tuple(hi - lo for lo, hi in box)
 
 
 def _relative(box, outer):

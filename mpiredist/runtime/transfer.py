@@ -532,7 +532,7 @@ class MeshTransfer(Transfer):
             return steps.run(ctx, mem, records)
         result = guard(self._base, repr(self), run)
         if view is not None:
-            result = merged(result, self.target_shape)
+            result = merged(ctx, result)
         return result
 
     def _program(self, variant, local):
@@ -612,10 +612,7 @@ def split_views(ctx, local, out, resizable):
     is a view of any strided array (no copy).  A donated block that may be
     reallocated keeps its identity (its shape is set in place, as the
     one-buffer strategy sets it anyway)."""
-    plan = ctx.plan
-    before, after = ctx.route(("view",), lambda: tuple(
-        box_shape(rank_block(plan.step_shape, layout, ctx.mc.digits))
-        for layout in (plan.steps[0].before, plan.steps[-1].after)))
+    before, after, _ = _view_shapes(ctx)
     if resizable:
         local.shape = before
     else:
@@ -637,9 +634,23 @@ def _no_copy(array, shape):
     return array.reshape(shape)
 
 
-def merged(result, shape):
-    """The result of a run on a view, in this rank's target block shape."""
-    return _no_copy(result, shape) if tuple(result.shape) != tuple(shape) else result
+def merged(ctx, result):
+    """The result of a run on the plan's view, in this rank's target block shape."""
+    shape = _view_shapes(ctx)[2]
+    return _no_copy(result, shape) if tuple(result.shape) != shape else result
+
+
+def _view_shapes(ctx):
+    """This rank's source and target block shapes on the plan's view, and its
+    target block shape (kept in the context's routes)."""
+    plan = ctx.plan
+
+    def make():
+        digits = ctx.mc.digits
+        return (box_shape(rank_block(plan.step_shape, plan.steps[0].before, digits)),
+                box_shape(rank_block(plan.step_shape, plan.steps[-1].after, digits)),
+                box_shape(rank_block(plan.global_shape, expand(plan.dst, plan.mesh), digits)))
+    return ctx.route(("view",), make)
 
 
 def _explain_choice(variant, choice):

@@ -142,7 +142,7 @@ class Transfer:
         Otherwise a :class:`CrossTransfer`: one exchange of point-to-point
         messages; every rank allocates its target block plus at most W, a
         donation is not honoured (a :class:`~mpiredist.DonationWarning` says
-        so) and ``records`` stay empty.
+        so) and ``records`` get one ``"exchange"`` record.
 
     Raises
     ------
@@ -280,12 +280,8 @@ class Transfer:
         ex = self._staging(local)
         if self._donate:
             self._warn_donation(verdict.why)
-        t0, calls = time.perf_counter(), ex.ctx.calls
-        result = run_exchange(self._base, repr(self), ex, local, out, True, self._dtype_of())
-        if records is not None:
-            records.append(steps.StepRecord("exchange", ex.bytes_sent, time.perf_counter() - t0,
-                                            ex.ctx.calls - calls))
-        return result
+        return run_exchange(self._base, repr(self), ex, local, out, True, self._dtype_of(),
+                            records)
 
     def _staging(self, local):
         """The staged exchange of :meth:`_staged` (made on the first device run)."""
@@ -850,7 +846,7 @@ class CrossTransfer(Transfer):
 
     def _execute(self, local, out, kind, donate_ok, verdict, records):
         return run_exchange(self._base, repr(self), self._exchange, local, out, kind.device,
-                             self._dtype)
+                            self._dtype, records)
 
     def _staging(self, local):
         if self._staged_exchange is None:
@@ -902,9 +898,14 @@ def gpu_aware(base, what):
     return aware
 
 
-def run_exchange(base, name, ex, local, out, device, dtype):
+def run_exchange(base, name, ex, local, out, device, dtype, records=None):
     """Run Exchange ``ex`` from ``local`` into ``out`` (or a new array of its
-    library, on the device for ``device``); a failure aborts the job."""
+    library, on the device for ``device``); a failure aborts the job.
+    ``records``, if a list, receives one ``StepRecord("exchange", ...)`` when
+    the run succeeds: the bytes this rank sends to other ranks, the time and
+    the MPI calls that moved data."""
+    t0, calls = time.perf_counter(), ex.ctx.calls
+
     def run():                          # data moves from here: a failure aborts
         block, into = local, out
         if block is not None and not c_contiguous(block):
@@ -915,4 +916,8 @@ def run_exchange(base, name, ex, local, out, device, dtype):
             into = xp.empty(ex.target_shape, dtype if xp is np else device_dtype(dtype))
         ex.run(block, into)
         return into
-    return guard(base, name, run)
+    result = guard(base, name, run)
+    if records is not None:
+        records.append(steps.StepRecord("exchange", ex.bytes_sent, time.perf_counter() - t0,
+                                        ex.ctx.calls - calls))
+    return result

@@ -143,6 +143,25 @@ def test_transfer_runs_twice_and_distarray(case):
 
 
 @pytest.mark.mpi
+def test_records_of_a_run_between_meshes():
+    """One "exchange" record: between disjoint halves every element crosses once,
+    so the bytes sent over all ranks are the array's, and MPI calls move them."""
+    need_ranks(COMM, 2)
+    half = P // 2
+    m1, m2 = _mesh({"x": half}, range(half)), _mesh({"a": P - half}, range(half, P))
+    shape = (9, 7)
+    G = np.arange(63, dtype="float32").reshape(shape)
+    recs = []
+    with mr.Transfer(shape, "float32", m1, "[{x}, {}]", "[{}, {a}]", dst_mesh=m2) as t:
+        got = t.run(_source(G, m1, "[{x}, {}]"), records=recs)
+    _check(got, _expected(G, m2, "[{}, {a}]"), "records run")
+    all_ok(COMM, [r.op for r in recs] == ["exchange"], f"rank {RANK}: records {recs}")
+    sent = COMM.allreduce(recs[0].bytes_sent if recs else 0)
+    calls = COMM.allreduce(recs[0].calls if recs else 0)
+    all_ok(COMM, sent == G.nbytes and calls >= 2, f"bytes sent {sent}, calls {calls}")
+
+
+@pytest.mark.mpi
 def test_memory_within_bound():
     """E <= max(S, T) + W per rank, with S = 0 off the source mesh, T = 0 off the target."""
     need_ranks(COMM, 2)

@@ -1,7 +1,7 @@
 """Many arrays: a transformer-like state dict resharded and synced, group against loops.
 
     mpiexec -n 8 python -m mpiredist.bench.many [--layers 24] [--hidden 256]
-        [--repeats 5] [--json FILE]
+        [--repeats 5] [--out] [--warm] [--workspace MIB] [--json FILE]
 
 The state dict (:func:`state_dict`): embeddings, per layer the attention
 projections q, k, v, o with their biases, the MLP's up projection with its
@@ -18,10 +18,25 @@ tensors (314 at 24 layers), float32.  Two cases:
              every 2-D weight sharded on its columns there, vectors
              replicated.
 
-Strategies, each timed after a warm-up (median over ``--repeats`` of the
-slowest rank):
+Strategies, each made and warmed up (and checked) first, then timed side
+by side: each of ``--repeats`` repeats runs every strategy once, in an
+order drawn anew each repeat (alike on every rank), and a strategy's
+figure is the median over repeats of the slowest rank
+(:func:`~mpiredist.bench.timing.slowest_medians`), so that a slow spell of
+the machine, or what the run before leaves behind, falls on all of them
+alike.  Before every timed run the heap's free memory goes back to the
+system (glibc ``malloc_trim``), so that every strategy starts alike and
+its new arrays are faulted in (about 3 us a page on this project's
+machine); with ``--warm`` the heap stays as the runs before left it, and
+strategies of many small arrays (the group's targets, the loops') reuse
+the free memory that the others leave.  Every run returns new target
+blocks, or with ``--out`` fills the
+blocks of the warm-up (``run(out=)``: weight sync into parameters that
+exist; checked again after the timing; ``bcast`` is left out):
 
-``group``      one :class:`~mpiredist.TransferGroup` made once, ``g.run(blocks)``;
+``group``      one :class:`~mpiredist.TransferGroup` made once, ``g.run(blocks)``
+               (its default W, or ``--workspace`` MiB: a larger W makes
+               fewer buckets, each one ``Alltoallv``, and raises the bound);
 ``loop``       one checked :class:`~mpiredist.Transfer` per tensor, made once,
                each ``t.run(block)`` in turn (what a per-parameter loop does);
 ``unchecked``  the same with ``checked=False`` (no agreement per run);
@@ -30,12 +45,21 @@ slowest rank):
                whole tensors packed into buckets of ``--bucket`` MiB on the
                first source rank, each bucket ``Bcast`` to every rank, and
                every target rank copying its block out;
-``floor``      one Transfer of a single float32 array of the same bytes (the
-               block rows of every tensor stacked: ``[{tp}, {}]`` to the
-               target layout of the first dim): what coalescing can at best
-               reach.
+``floor``      one Transfer of a single float32 array of the same bytes in
+               the layout pair of the column-parallel weights (the block rows
+               of every tensor stacked: ``[{tp}, {}]`` to the target layout
+               of the first dim): the issue's floor, what coalescing into
+               one such array would reach;
+``patterns``   the floor by pattern: one Transfer per layout pair of the
+               state dict (``(src, dst)`` and 2-D or not), each of a single
+               array of those tensors' bytes (``(elements / hidden, hidden)``
+               or flat), run in turn, unchecked (a coalesced move agrees
+               once): the same bytes moved the same ways as whole arrays.  Where the state dict holds tensors that move
+               otherwise than the floor's array (the row-parallel weights of
+               ``reshard`` make an all-to-all that places columns), this is
+               the floor of its data movement; no target is set on it.
 
-Columns: median milliseconds, ``x group`` (the strategy's time over the
+Columns: milliseconds, ``x group`` (the strategy's time over the
 group's), MPI calls that move data per run on the slowest rank (group:
 ``TransferGroup.calls``; Transfers: their StepRecords; bcast: its calls),
 peak MiB per rank (tracemalloc of one untimed run, max over ranks; the
@@ -44,7 +68,9 @@ result included, and what the group keeps between runs, its bucket buffer:
 more run (``RSS MiB``, MPI's buffers included, plus the kept buffer;
 meaningful with the allocator settings of
 ``mpiredist.bench.memory.RSS_ENVIRONMENT``) and the group's bound
-sum max(S_i, T_i) + W.  The targets
+sum max(S_i, T_i) + W.  With ``--out`` the filled blocks are not new and
+are not counted, nor what a Transfer keeps between runs that are given
+``out=`` (its pooled buffers); the group's kept buffer is.  The targets
 of the many-arrays issue are printed with the figures.
 """
 
@@ -110,17 +136,25 @@ def main(argv=None):
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warm", action="store_true",
+                        help="leave the heap as the runs before left it (default: free heap "
+                             "memory given back before every timed run)")
+    parser.add_argument("--out", action="store_true",
+                        help="runs fill target blocks made in the warm-up (run(out=)); "
+                             "bcast does not take them and is left out")
     parser.add_argument("--bucket", type=float, default=16.0, help="bcast bucket MiB")
+    parser.add_argument("--workspace", type=float, default=None,
+                        help="the group's W in MiB (default: the group's own default)")
     parser.add_argument("--cases", default="reshard,sync")
-    parser.add_argument("--strategies", default="group,loop,unchecked,bcast,floor")
+    parser.add_argument("--strategies", default="group,loop,unchecked,bcast,floor,patterns")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
     from mpi4py import MPI
 
     import mpiredist as mr
-    from .memory import rss_peak, rss_supported, traced_peak
-    from .timing import slowest_median
+    from .memory import rss_peak, rss_supported, traced_peak, trim_heap
+    from .timing import slowest_medians
     from ..planning.pieces import layout_boxes
 
     comm = MPI.COMM_WORLD
@@ -151,40 +185,33 @@ def main(argv=None):
         blocks = {n: block(n, "src") for n in items}
         want = {n: block(n, "dst") for n in items}
         total = sum(math.prod(s) * 4 for s, _, _, _ in items.values())
-        results = {}
+        results, made = {}, {}
 
-        def check(got):
+        def check(got, same=None):
+            """Every rank's blocks right (collective); with ``same``, each one
+            the block given as ``out``."""
             ok = all((want[n] is None and got[n] is None) or
                      (got[n] is not None and np.array_equal(got[n], want[n])) for n in items)
+            if same is not None:
+                ok = ok and all(same[n] is None or got[n] is same[n] for n in items)
             return comm.allreduce(int(ok), op=MPI.MIN) == 1
 
-        def record(strategy, fn, calls_of, kept=lambda: 0):
-            got = fn()                                          # warm-up, checked
-            ok = check(got) if got is not None else True
-            seconds = slowest_median(comm, fn, args.repeats)
-            # what a strategy keeps between runs (made in the warm-up) counts too
-            with traced_peak() as e:
-                fn()
-            peak = comm.allreduce(e.bytes + kept(), op=MPI.MAX)
-            calls = comm.allreduce(calls_of(), op=MPI.MAX)
-            rss = None
-            if rss_supported():
-                comm.Barrier()
-                with rss_peak() as r:
-                    fn()
-                rss = comm.allreduce(r.bytes + kept(), op=MPI.MAX)
-            results[strategy] = dict(ms=seconds * 1e3, calls=calls, peak=peak, rss=rss, ok=ok)
+        def add(strategy, fn, calls_of, kept=lambda: 0, free=lambda: None, checked=True):
+            """``fn(out)`` runs the strategy once (``out``: target blocks to fill,
+            or None); warmed up and checked here, timed below."""
+            made[strategy] = dict(fn=fn, calls=calls_of, kept=kept, free=free, checked=checked)
 
         if "group" in strategies:
-            g = mr.TransferGroup(items, mesh, dst_mesh)
+            g = mr.TransferGroup(items, mesh, dst_mesh, workspace_bytes=None if args.workspace
+                                 is None else int(args.workspace * (1 << 20)))
             before = [0]
 
-            def run_group():
+            def run_group(out):
                 before[0] = g.calls
-                return g.run(blocks)
-            record("group", run_group, lambda: g.calls - before[0], lambda: g.kept_bytes)
+                return g.run(blocks, out=out)
+            add("group", run_group, lambda: g.calls - before[0], lambda: g.kept_bytes, g.free)
             bound = comm.allreduce(g.bound, op=MPI.MAX)
-            buckets = len(g._buckets)
+            buckets, workspace = g.buckets, g.workspace_bytes
         for strategy, checked in (("loop", True), ("unchecked", False)):
             if strategy not in strategies:
                 continue
@@ -192,14 +219,14 @@ def main(argv=None):
                                  checked=checked) for n, (s, _, src, dst) in items.items()}
             recs = []
 
-            def run_loop(ts=ts, recs=recs):
+            def run_loop(out, ts=ts, recs=recs):
                 recs.clear()
-                return {n: t.run(blocks[n], records=recs) for n, t in ts.items()}
-            record(strategy, run_loop, lambda recs=recs: sum(r.calls for r in recs))
-            for t in ts.values():
-                t.free()
-        if "bcast" in strategies:
-            calls = [0]
+                return {n: t.run(blocks[n], out=None if out is None else out[n], records=recs)
+                        for n, t in ts.items()}
+            add(strategy, run_loop, lambda recs=recs: sum(r.calls for r in recs),
+                free=lambda ts=ts: [t.free() for t in ts.values()])
+        if "bcast" in strategies and not args.out:
+            bcast_calls = [0]
             full_on = [mr.Layout.replicated(len(s)) for s, _, _, _ in items.values()]
             gathers = {n: mr.Transfer(s, "float32", mesh, src, str(lay))
                        for (n, (s, _, src, _)), lay in zip(items.items(), full_on)} \
@@ -208,8 +235,8 @@ def main(argv=None):
             names = list(items)
             root = 0
 
-            def run_bcast():
-                calls[0] = 0
+            def run_bcast(_out):
+                bcast_calls[0] = 0
                 out, k = {}, 0
                 while k < len(names):
                     chunk, size = [], 0
@@ -223,7 +250,7 @@ def main(argv=None):
                         for n in chunk:
                             recs = []
                             whole = gathers[n].run(blocks[n], records=recs)
-                            calls[0] += sum(r.calls for r in recs)
+                            bcast_calls[0] += sum(r.calls for r in recs)
                             if rank == root:
                                 buf[at:at + whole.size] = whole.reshape(-1)
                             at += whole.size
@@ -234,7 +261,7 @@ def main(argv=None):
                             buf[at:at + G[n].size] = G[n].reshape(-1)
                             at += G[n].size
                     comm.Bcast(buf, root=root)
-                    calls[0] += 1
+                    bcast_calls[0] += 1
                     at = 0
                     for n in chunk:
                         shape = items[n][0]
@@ -246,24 +273,77 @@ def main(argv=None):
                         at += G[n].size
                     del buf
                 return out
-            record("bcast", run_bcast, lambda: calls[0])
-            for t in gathers.values():
-                t.free()
+            add("bcast", run_bcast, lambda: bcast_calls[0],
+                free=lambda gathers=gathers: [t.free() for t in gathers.values()])
+        floors = []
         if "floor" in strategies:
-            cols = args.hidden
-            rows_ = total // 4 // cols
+            # the block rows of every tensor stacked: [{tp}, {}] to the first dim's target
             src = "[{tp}, {}]" if "tp" in case["mesh"] else "[{t}, {}]"
-            dst = items["embed.weight"][3]
-            t = mr.Transfer((rows_, cols), "float32", mesh, src, dst, dst_mesh=dst_mesh)
-            local = None if t.source_shape is None else np.ones(t.source_shape, np.float32)
+            floors.append(("floor", [((total // 4 // args.hidden, args.hidden), src,
+                                      items["embed.weight"][3])]))
+        if "patterns" in strategies:
+            # one array per layout pair, of those tensors' bytes: (elements / hidden,
+            # hidden) for the 2-D ones, flat for the vectors
+            pairs = {}
+            for shape, _, src, dst in items.values():
+                pairs[(len(shape), src, dst)] = pairs.get((len(shape), src, dst), 0) + \
+                    math.prod(shape)
+            floors.append(("patterns", [((n // args.hidden, args.hidden) if nd == 2 else (n,),
+                                         src, dst) for (nd, src, dst), n in pairs.items()]))
+        for strategy, arrays in floors:
+            # the issue's floor is one (checked) Transfer; the pattern floor's
+            # arrays skip the agreement, which a coalesced move makes once
+            ts = [mr.Transfer(shape, "float32", mesh, src, dst, dst_mesh=dst_mesh,
+                              checked=strategy == "floor") for shape, src, dst in arrays]
+            ones = [None if t.source_shape is None else np.ones(t.source_shape, np.float32)
+                    for t in ts]
             recs = []
 
-            def run_floor():
+            def run_floor(out, ts=ts, ones=ones, recs=recs):
                 recs.clear()
-                t.run(local, records=recs)
-                return None
-            record("floor", run_floor, lambda: sum(r.calls for r in recs))
-            t.free()
+                return [t.run(x, out=None if out is None else o, records=recs)
+                        for t, x, o in zip(ts, ones, out or [None] * len(ts))]
+            add(strategy, run_floor, lambda recs=recs: sum(r.calls for r in recs),
+                free=lambda ts=ts: [t.free() for t in ts], checked=False)
+
+        runners, oks, filled = {}, {}, {}
+        for strategy, m in made.items():
+            got = m["fn"](None)                                  # warm-up, checked
+            oks[strategy] = check(got) if m["checked"] else True
+            if args.out:                # the warm-up's results are the blocks to fill
+                filled[strategy] = got
+                runners[strategy] = lambda m=m, got=got: m["fn"](got)
+            else:
+                runners[strategy] = lambda m=m: m["fn"](None)
+            del got
+        seconds = slowest_medians(comm, runners, args.repeats,     # side by side
+                                  before=None if args.warm else trim_heap)
+        for strategy, got in filled.items():    # one more run into spoiled blocks
+            if made[strategy]["checked"]:
+                for block in got.values():
+                    if block is not None:
+                        block[...] = np.nan
+                again = made[strategy]["fn"](got)
+                oks[strategy] = oks[strategy] and check(again, same=got)
+        filled.clear()
+        for strategy, m in made.items():
+            fn = runners[strategy]
+            # what a strategy keeps between runs (made in the warm-up) counts too
+            with traced_peak() as e:
+                fn()
+            peak = comm.allreduce(e.bytes + m["kept"](), op=MPI.MAX)
+            calls = comm.allreduce(m["calls"](), op=MPI.MAX)
+            rss = None
+            if rss_supported():
+                comm.Barrier()
+                with rss_peak() as r:
+                    fn()
+                rss = comm.allreduce(r.bytes + m["kept"](), op=MPI.MAX)
+            results[strategy] = dict(ms=seconds[strategy] * 1e3, calls=calls,
+                                     peak=peak, rss=rss, ok=oks[strategy])
+        runners.clear()
+        for m in made.values():
+            m["free"]()
         base = results.get("group", {}).get("ms")
         for strategy, r in results.items():
             bad += not r["ok"]
@@ -271,10 +351,14 @@ def main(argv=None):
                              mib=total / 2**20, **r,
                              x_group=(r["ms"] / base) if base else None,
                              bound=bound if "group" in results else None,
-                             buckets=buckets if "group" in results else None))
+                             buckets=buckets if "group" in results else None,
+                             workspace=workspace if "group" in results else None))
     if rank == 0:
         print(f"many arrays: {p} ranks, {args.layers} layers, hidden {args.hidden}, "
-              f"median of {args.repeats}")
+              f"median of {args.repeats} side by side, "
+              f"{'into out= blocks' if args.out else 'new results'}, "
+              f"{'warm heap' if args.warm else 'heap trimmed before each run'}, group W "
+              f"{'default' if args.workspace is None else f'{args.workspace:g} MiB'}")
         print(f"{'case':8} {'strategy':10} {'tensors':>7} {'MiB':>7} {'ms':>9} {'x group':>8} "
               f"{'calls':>6} {'peak MiB':>9} {'RSS MiB':>8} {'bound MiB':>9} check")
         for r in rows:
@@ -289,7 +373,8 @@ def main(argv=None):
             if "group" not in by:
                 continue
             g = by["group"]
-            parts = [f"{case}: group in {g['buckets']} bucket(s)"]
+            parts = [f"{case}: group in {g['buckets']} bucket(s) within W "
+                     f"{g['workspace'] / 2**20:.2f} MiB"]
             if "loop" in by:
                 x = by["loop"]["ms"] / g["ms"]
                 parts.append(f"{x:.1f}x faster than the checked loop (target 5x: "
@@ -298,6 +383,9 @@ def main(argv=None):
                 x = g["ms"] / by["floor"]["ms"]
                 parts.append(f"{x:.2f}x the single-array floor (target 1.3x: "
                              f"{'met' if x <= 1.3 else 'MISSED'})")
+            if "patterns" in by:
+                parts.append(f"{g['ms'] / by['patterns']['ms']:.2f}x the floor by pattern "
+                             "(no target: one array per layout pair)")
             if "bcast" in by:
                 x = by["bcast"]["ms"] / g["ms"]
                 parts.append(f"{x:.1f}x faster than bcast at {g['peak'] / by['bcast']['peak']:.2f}"

@@ -35,7 +35,7 @@ import tracemalloc
 from contextlib import contextmanager
 
 __all__ = ["Peak", "traced_peak", "tracing", "rss_peak", "rss_supported", "RSS_ENVIRONMENT",
-           "rss_environment_missing", "settled"]
+           "rss_environment_missing", "settled", "trim_heap"]
 
 
 class Peak:
@@ -137,7 +137,7 @@ def _malloc_trim():
         return None
 
 
-def _trim():
+def trim_heap():
     """Give freed heap memory back to the system (glibc ``malloc_trim``), if there is one."""
     trim = _malloc_trim()
     if trim is not None:
@@ -190,7 +190,7 @@ def rss_peak():
     if not rss_supported():
         yield result
         return
-    _trim()
+    trim_heap()
     with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
         f.write("5")
     before = _status("VmRSS")

@@ -4,7 +4,7 @@ import time
 
 import numpy as np
 
-__all__ = ["slowest_median"]
+__all__ = ["slowest_median", "slowest_medians"]
 
 
 def slowest_median(comm, fn, repeats, warmup=False):
@@ -12,16 +12,35 @@ def slowest_median(comm, fn, repeats, warmup=False):
 
     A barrier precedes each run; with ``warmup`` one untimed run comes first.
     """
-    from mpi4py import MPI
-
     if warmup:
         fn()
-    times = np.empty(repeats)
+    return slowest_medians(comm, {None: fn}, repeats)[None]
+
+
+def slowest_medians(comm, fns, repeats, seed=0, before=None):
+    """Time the functions of the dict ``fns`` side by side (collective): return
+    ``{name: seconds}``, per function the median over ``repeats`` runs of the
+    largest time over ranks.
+
+    Side by side: each repeat runs every function once, in an order drawn
+    from ``seed`` (alike on every rank), so that a slow spell of the machine
+    and what a run leaves behind (freed memory, caches) fall on all of them
+    alike.  A barrier precedes each run, and ``before()``, if given, comes
+    before that (untimed).
+    """
+    from mpi4py import MPI
+
+    names = list(fns)
+    draw = np.random.default_rng(seed)
+    times = np.empty((len(names), repeats))
     for r in range(repeats):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        times[r] = time.perf_counter() - t0
+        for i in draw.permutation(len(names)):
+            if before is not None:
+                before()
+            comm.Barrier()
+            t0 = time.perf_counter()
+            fns[names[i]]()
+            times[i, r] = time.perf_counter() - t0
     worst = np.empty_like(times)
     comm.Allreduce(times, worst, op=MPI.MAX)
-    return float(np.median(worst))
+    return {name: float(np.median(w)) for name, w in zip(names, worst)}

@@ -153,8 +153,6 @@ def main(argv=None):
     from mpi4py import MPI
 
     import mpiredist as mr
-    from .memory import rss_peak, rss_supported, traced_peak, trim_heap
-    from .timing import slowest_medians
     from ..planning.pieces import layout_boxes
 
     comm = MPI.COMM_WORLD
@@ -185,7 +183,7 @@ def main(argv=None):
         blocks = {n: block(n, "src") for n in items}
         want = {n: block(n, "dst") for n in items}
         total = sum(math.prod(s) * 4 for s, _, _, _ in items.values())
-        results, made = {}, {}
+        made = {}
 
         def check(got, same=None):
             """Every rank's blocks right (collective); with ``same``, each one
@@ -226,70 +224,10 @@ def main(argv=None):
             add(strategy, run_loop, lambda recs=recs: sum(r.calls for r in recs),
                 free=lambda ts=ts: [t.free() for t in ts.values()])
         if "bcast" in strategies and not args.out:
-            bcast_calls = [0]
-            full_on = [mr.Layout.replicated(len(s)) for s, _, _, _ in items.values()]
-            gathers = {n: mr.Transfer(s, "float32", mesh, src, str(lay))
-                       for (n, (s, _, src, _)), lay in zip(items.items(), full_on)} \
-                if mesh.ranks is None else {}
-            limit = int(args.bucket * (1 << 20))
-            names = list(items)
-            root = 0
-
-            def run_bcast(_out):
-                bcast_calls[0] = 0
-                out, k = {}, 0
-                while k < len(names):
-                    chunk, size = [], 0
-                    while k < len(names) and (not chunk or size + G[names[k]].nbytes <= limit):
-                        chunk.append(names[k])
-                        size += G[names[k]].nbytes
-                        k += 1
-                    buf = np.empty(size // 4, np.float32)
-                    if mesh.ranks is None:          # gather over the source group first
-                        at = 0
-                        for n in chunk:
-                            recs = []
-                            whole = gathers[n].run(blocks[n], records=recs)
-                            bcast_calls[0] += sum(r.calls for r in recs)
-                            if rank == root:
-                                buf[at:at + whole.size] = whole.reshape(-1)
-                            at += whole.size
-                            del whole
-                    elif rank == root:              # the training ranks' root holds them
-                        at = 0
-                        for n in chunk:
-                            buf[at:at + G[n].size] = G[n].reshape(-1)
-                            at += G[n].size
-                    comm.Bcast(buf, root=root)
-                    bcast_calls[0] += 1
-                    at = 0
-                    for n in chunk:
-                        shape = items[n][0]
-                        whole = buf[at:at + G[n].size].reshape(shape)
-                        box = layout_boxes(shape, dst_mesh, mr.Layout.parse(items[n][3]),
-                                           p)[rank]
-                        out[n] = None if box is None else np.ascontiguousarray(
-                            whole[tuple(slice(a, b) for a, b in box)])
-                        at += G[n].size
-                    del buf
-                return out
-            add("bcast", run_bcast, lambda: bcast_calls[0],
-                free=lambda gathers=gathers: [t.free() for t in gathers.values()])
-        floors = []
-        if "floor" in strategies:
-            # the block rows of every tensor stacked: [{tp}, {}] to the first dim's target
-            src = "[{tp}, {}]" if "tp" in case["mesh"] else "[{t}, {}]"
-            floors.append(("floor", [((total // 4 // args.hidden, args.hidden), src,
-                                      items["embed.weight"][3])]))
-        if "patterns" in strategies:
-            # one array per layout pair, of those tensors' bytes: (elements / hidden,
-            # hidden) for the 2-D ones, flat for the vectors
-            pairs = {}
-            for shape, _, src, dst in items.values():
-                pairs[(len(shape), src, dst)] = pairs.get((len(shape), src, dst), 0) + \
-                    math.prod(shape)
-            floors.append(("patterns", [((n // args.hidden, args.hidden) if nd == 2 else (n,),
-                                         src, dst) for (nd, src, dst), n in pairs.items()]))
+            add("bcast", *_bcast(comm, mesh, dst_mesh, items, G, blocks,
+                                 int(args.bucket * (1 << 20))))
+        floors = [(strategy, _floor_arrays(strategy, items, case, args.hidden))
+                  for strategy in ("floor", "patterns") if strategy in strategies]
         for strategy, arrays in floors:
             # the issue's floor is one (checked) Transfer; the pattern floor's
             # arrays skip the agreement, which a coalesced move makes once
@@ -306,44 +244,7 @@ def main(argv=None):
             add(strategy, run_floor, lambda recs=recs: sum(r.calls for r in recs),
                 free=lambda ts=ts: [t.free() for t in ts], checked=False)
 
-        runners, oks, filled = {}, {}, {}
-        for strategy, m in made.items():
-            got = m["fn"](None)                                  # warm-up, checked
-            oks[strategy] = check(got) if m["checked"] else True
-            if args.out:                # the warm-up's results are the blocks to fill
-                filled[strategy] = got
-                runners[strategy] = lambda m=m, got=got: m["fn"](got)
-            else:
-                runners[strategy] = lambda m=m: m["fn"](None)
-            del got
-        seconds = slowest_medians(comm, runners, args.repeats,     # side by side
-                                  before=None if args.warm else trim_heap)
-        for strategy, got in filled.items():    # one more run into spoiled blocks
-            if made[strategy]["checked"]:
-                for block in got.values():
-                    if block is not None:
-                        block[...] = np.nan
-                again = made[strategy]["fn"](got)
-                oks[strategy] = oks[strategy] and check(again, same=got)
-        filled.clear()
-        for strategy, m in made.items():
-            fn = runners[strategy]
-            # what a strategy keeps between runs (made in the warm-up) counts too
-            with traced_peak() as e:
-                fn()
-            peak = comm.allreduce(e.bytes + m["kept"](), op=MPI.MAX)
-            calls = comm.allreduce(m["calls"](), op=MPI.MAX)
-            rss = None
-            if rss_supported():
-                comm.Barrier()
-                with rss_peak() as r:
-                    fn()
-                rss = comm.allreduce(r.bytes + m["kept"](), op=MPI.MAX)
-            results[strategy] = dict(ms=seconds[strategy] * 1e3, calls=calls,
-                                     peak=peak, rss=rss, ok=oks[strategy])
-        runners.clear()
-        for m in made.values():
-            m["free"]()
+        results = _measure(comm, made, check, args)
         base = results.get("group", {}).get("ms")
         for strategy, r in results.items():
             bad += not r["ok"]
@@ -354,53 +255,181 @@ def main(argv=None):
                              buckets=buckets if "group" in results else None,
                              workspace=workspace if "group" in results else None))
     if rank == 0:
-        print(f"many arrays: {p} ranks, {args.layers} layers, hidden {args.hidden}, "
-              f"median of {args.repeats} side by side, "
-              f"{'into out= blocks' if args.out else 'new results'}, "
-              f"{'warm heap' if args.warm else 'heap trimmed before each run'}, group W "
-              f"{'default' if args.workspace is None else f'{args.workspace:g} MiB'}")
-        print(f"{'case':8} {'strategy':10} {'tensors':>7} {'MiB':>7} {'ms':>9} {'x group':>8} "
-              f"{'calls':>6} {'peak MiB':>9} {'RSS MiB':>8} {'bound MiB':>9} check")
-        for r in rows:
-            xg = "-" if r["x_group"] is None else f"{r['x_group']:.2f}"
-            bd = "-" if r["bound"] is None else f"{r['bound'] / 2**20:.2f}"
-            rs = "-" if r["rss"] is None else f"{r['rss'] / 2**20:.2f}"
-            print(f"{r['case']:8} {r['strategy']:10} {r['tensors']:>7} {r['mib']:>7.1f} "
-                  f"{r['ms']:>9.2f} {xg:>8} {r['calls']:>6} {r['peak'] / 2**20:>9.2f} "
-                  f"{rs:>8} {bd:>9} {'ok' if r['ok'] else 'FAIL'}")
-        for case in {r["case"] for r in rows}:
-            by = {r["strategy"]: r for r in rows if r["case"] == case}
-            if "group" not in by:
-                continue
-            g = by["group"]
-            parts = [f"{case}: group in {g['buckets']} bucket(s) within W "
-                     f"{g['workspace'] / 2**20:.2f} MiB"]
-            if "loop" in by:
-                x = by["loop"]["ms"] / g["ms"]
-                parts.append(f"{x:.1f}x faster than the checked loop (target 5x: "
-                             f"{'met' if x >= 5 else 'MISSED'})")
-            if "floor" in by:
-                x = g["ms"] / by["floor"]["ms"]
-                parts.append(f"{x:.2f}x the single-array floor (target 1.3x: "
-                             f"{'met' if x <= 1.3 else 'MISSED'})")
-            if "patterns" in by:
-                parts.append(f"{g['ms'] / by['patterns']['ms']:.2f}x the floor by pattern "
-                             "(no target: one array per layout pair)")
-            if "bcast" in by:
-                x = by["bcast"]["ms"] / g["ms"]
-                parts.append(f"{x:.1f}x faster than bcast at {g['peak'] / by['bcast']['peak']:.2f}"
-                             f" of its peak ({'met' if x > 1 else 'MISSED'})")
-            parts.append(f"peak {g['peak'] / 2**20:.2f} MiB (tracemalloc) within the bound "
-                         f"{g['bound'] / 2**20:.2f} MiB: "
-                         f"{'met' if g['peak'] <= g['bound'] else 'MISSED'}")
-            if g["rss"] is not None:
-                parts.append(f"RSS growth {g['rss'] / 2**20:.2f} MiB (bound + 1 MiB: "
-                             f"{'met' if g['rss'] <= g['bound'] + (1 << 20) else 'MISSED'})")
-            print("; ".join(parts))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
+        _report(args, p, rows)
     return 1 if bad else 0
+
+
+def _measure(comm, made, check, args):
+    """``{strategy: figures}`` of the strategies ``made`` (collective): each warmed
+    up and checked, then timed side by side, then its peak memory (tracemalloc
+    and RSS, plus what it keeps between runs) and MPI calls in one more run
+    each; then each is freed."""
+    from mpi4py import MPI
+
+    from .memory import rss_peak, rss_supported, traced_peak, trim_heap
+    from .timing import slowest_medians
+
+    results = {}
+    runners, oks, filled = {}, {}, {}
+    for strategy, m in made.items():
+        got = m["fn"](None)                                  # warm-up, checked
+        oks[strategy] = check(got) if m["checked"] else True
+        if args.out:                # the warm-up's results are the blocks to fill
+            filled[strategy] = got
+            runners[strategy] = lambda m=m, got=got: m["fn"](got)
+        else:
+            runners[strategy] = lambda m=m: m["fn"](None)
+        del got
+    seconds = slowest_medians(comm, runners, args.repeats,    # side by side
+                              before=None if args.warm else trim_heap)
+    for strategy, got in filled.items():    # one more run into spoiled blocks
+        if made[strategy]["checked"]:
+            for block in got.values():
+                if block is not None:
+                    block[...] = np.nan
+            again = made[strategy]["fn"](got)
+            oks[strategy] = oks[strategy] and check(again, same=got)
+    filled.clear()
+    for strategy, m in made.items():
+        fn = runners[strategy]
+        # what a strategy keeps between runs (made in the warm-up) counts too
+        with traced_peak() as e:
+            fn()
+        peak = comm.allreduce(e.bytes + m["kept"](), op=MPI.MAX)
+        calls = comm.allreduce(m["calls"](), op=MPI.MAX)
+        rss = None
+        if rss_supported():
+            comm.Barrier()
+            with rss_peak() as r:
+                fn()
+            rss = comm.allreduce(r.bytes + m["kept"](), op=MPI.MAX)
+        results[strategy] = dict(ms=seconds[strategy] * 1e3, calls=calls,
+                                 peak=peak, rss=rss, ok=oks[strategy])
+    runners.clear()
+    for m in made.values():
+        m["free"]()
+    return results
+
+
+def _bcast(comm, mesh, dst_mesh, items, G, blocks, limit):
+    """``(fn, calls_of, kept, free)`` of the broadcast baseline: each tensor gathered
+    whole on the source group (or held whole by the source root between
+    meshes), buckets of ``limit`` bytes ``Bcast`` from rank 0, every target
+    rank copying its block out."""
+    import mpiredist as mr
+    from ..planning.pieces import layout_boxes
+
+    rank, p = comm.Get_rank(), comm.Get_size()
+    calls = [0]
+    gathers = {n: mr.Transfer(s, "float32", mesh, src, str(mr.Layout.replicated(len(s))))
+               for n, (s, _, src, _) in items.items()} if mesh.ranks is None else {}
+    names = list(items)
+    root = 0
+
+    def run(_out):
+        calls[0] = 0
+        out, k = {}, 0
+        while k < len(names):
+            chunk, size = [], 0
+            while k < len(names) and (not chunk or size + G[names[k]].nbytes <= limit):
+                chunk.append(names[k])
+                size += G[names[k]].nbytes
+                k += 1
+            buf = np.empty(size // 4, np.float32)
+            if mesh.ranks is None:          # gather over the source group first
+                at = 0
+                for n in chunk:
+                    recs = []
+                    whole = gathers[n].run(blocks[n], records=recs)
+                    calls[0] += sum(r.calls for r in recs)
+                    if rank == root:
+                        buf[at:at + whole.size] = whole.reshape(-1)
+                    at += whole.size
+                    del whole
+            elif rank == root:              # the training ranks' root holds them
+                at = 0
+                for n in chunk:
+                    buf[at:at + G[n].size] = G[n].reshape(-1)
+                    at += G[n].size
+            comm.Bcast(buf, root=root)
+            calls[0] += 1
+            at = 0
+            for n in chunk:
+                shape = items[n][0]
+                whole = buf[at:at + G[n].size].reshape(shape)
+                box = layout_boxes(shape, dst_mesh, mr.Layout.parse(items[n][3]), p)[rank]
+                out[n] = None if box is None else np.ascontiguousarray(
+                    whole[tuple(slice(a, b) for a, b in box)])
+                at += G[n].size
+            del buf
+        return out
+    return run, lambda: calls[0], lambda: 0, lambda: [t.free() for t in gathers.values()]
+
+
+def _floor_arrays(strategy, items, case, hidden):
+    """``[(shape, src, dst)]`` of a floor's single arrays.  ``floor``: the block
+    rows of every tensor stacked, ``[{tp}, {}]`` to the first dim's target;
+    ``patterns``: one array per layout pair, of those tensors' bytes,
+    ``(elements / hidden, hidden)`` for the 2-D ones, flat for the vectors."""
+    if strategy == "floor":
+        total = sum(math.prod(s) for s, _, _, _ in items.values())
+        src = "[{tp}, {}]" if "tp" in case["mesh"] else "[{t}, {}]"
+        return [((total // hidden, hidden), src, items["embed.weight"][3])]
+    pairs = {}
+    for shape, _, src, dst in items.values():
+        pairs[(len(shape), src, dst)] = pairs.get((len(shape), src, dst), 0) + math.prod(shape)
+    return [((n // hidden, hidden) if nd == 2 else (n,), src, dst)
+            for (nd, src, dst), n in pairs.items()]
+
+
+def _report(args, p, rows):
+    """Print the table and, per case, the issue's targets with the figures."""
+    print(f"many arrays: {p} ranks, {args.layers} layers, hidden {args.hidden}, "
+          f"median of {args.repeats} side by side, "
+          f"{'into out= blocks' if args.out else 'new results'}, "
+          f"{'warm heap' if args.warm else 'heap trimmed before each run'}, group W "
+          f"{'default' if args.workspace is None else f'{args.workspace:g} MiB'}")
+    print(f"{'case':8} {'strategy':10} {'tensors':>7} {'MiB':>7} {'ms':>9} {'x group':>8} "
+          f"{'calls':>6} {'peak MiB':>9} {'RSS MiB':>8} {'bound MiB':>9} check")
+    for r in rows:
+        xg = "-" if r["x_group"] is None else f"{r['x_group']:.2f}"
+        bd = "-" if r["bound"] is None else f"{r['bound'] / 2**20:.2f}"
+        rs = "-" if r["rss"] is None else f"{r['rss'] / 2**20:.2f}"
+        print(f"{r['case']:8} {r['strategy']:10} {r['tensors']:>7} {r['mib']:>7.1f} "
+              f"{r['ms']:>9.2f} {xg:>8} {r['calls']:>6} {r['peak'] / 2**20:>9.2f} "
+              f"{rs:>8} {bd:>9} {'ok' if r['ok'] else 'FAIL'}")
+    for case in {r["case"] for r in rows}:
+        by = {r["strategy"]: r for r in rows if r["case"] == case}
+        if "group" not in by:
+            continue
+        g = by["group"]
+        parts = [f"{case}: group in {g['buckets']} bucket(s) within W "
+                 f"{g['workspace'] / 2**20:.2f} MiB"]
+        if "loop" in by:
+            x = by["loop"]["ms"] / g["ms"]
+            parts.append(f"{x:.1f}x faster than the checked loop (target 5x: "
+                         f"{'met' if x >= 5 else 'MISSED'})")
+        if "floor" in by:
+            x = g["ms"] / by["floor"]["ms"]
+            parts.append(f"{x:.2f}x the single-array floor (target 1.3x: "
+                         f"{'met' if x <= 1.3 else 'MISSED'})")
+        if "patterns" in by:
+            parts.append(f"{g['ms'] / by['patterns']['ms']:.2f}x the floor by pattern "
+                         "(no target: one array per layout pair)")
+        if "bcast" in by:
+            x = by["bcast"]["ms"] / g["ms"]
+            parts.append(f"{x:.1f}x faster than bcast at {g['peak'] / by['bcast']['peak']:.2f}"
+                         f" of its peak ({'met' if x > 1 else 'MISSED'})")
+        parts.append(f"peak {g['peak'] / 2**20:.2f} MiB (tracemalloc) within the bound "
+                     f"{g['bound'] / 2**20:.2f} MiB: "
+                     f"{'met' if g['peak'] <= g['bound'] else 'MISSED'}")
+        if g["rss"] is not None:
+            parts.append(f"RSS growth {g['rss'] / 2**20:.2f} MiB (bound + 1 MiB: "
+                         f"{'met' if g['rss'] <= g['bound'] + (1 << 20) else 'MISSED'})")
+        print("; ".join(parts))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -87,6 +87,7 @@ def main(argv=None):
     import oracle
     from mpiredist.bench.cases import load_cases, scaled
     from mpiredist.planning.budget import default_workspace
+    from mpiredist.planning.pieces import layout_boxes
     from mpiredist.runtime.comm import cuda_aware
 
     comm = MPI.COMM_WORLD
@@ -223,6 +224,40 @@ def main(argv=None):
             rows.append(("group", lib, mode, "ok" if all_good else "WRONG",
                          f"{statistics.median(times) * 1e3:.2f}", "-",
                          f"TransferGroup of {len(items)} arrays"))
+    # records of a device run that is one exchange (staged through host rings on
+    # one mesh; between meshes, staged or not): one "exchange" record whose MPI
+    # calls moved the data; between disjoint halves every byte crosses once
+    if p >= 2:
+        os.environ["MPIREDIST_GPU_AWARE"] = "1" if aware else "0"
+        sub = comm.Dup()
+        half = p // 2
+        shape = (8 * p + 1, 6)
+        G = oracle.global_array(shape, np.dtype("f4"), np.random.default_rng(5))
+        one = mr.Mesh(f"x={p}", comm=sub)
+        runs = [("between meshes", mr.Mesh(f"x={half}", ranks=range(half), comm=sub),
+                 mr.Mesh(f"a={p - half}", ranks=range(half, p), comm=sub), "[{}, {a}]")]
+        if not aware:
+            runs.insert(0, ("one mesh, staged", one, one, "[{}, {x}]"))
+        for note, m1, m2, dst in runs:
+            src_box, dst_box = (layout_boxes(shape, m, mr.Layout.parse(lay), p)[rank]
+                                for m, lay in ((m1, "[{x}, {}]"), (m2, dst)))
+            local = None if src_box is None else cupy.asarray(
+                np.ascontiguousarray(G[tuple(slice(a, b) for a, b in src_box)]))
+            recs = []
+            with mr.Transfer(shape, "float32", m1, "[{x}, {}]", dst, dst_mesh=m2) as t:
+                got = t.run(local, records=recs)
+            ok = (dst_box is None and got is None) or (got is not None and np.array_equal(
+                cupy.asnumpy(got), G[tuple(slice(a, b) for a, b in dst_box)]))
+            ok = ok and [r.op for r in recs] == ["exchange"]
+            sent = comm.allreduce(recs[0].bytes_sent if recs else 0)
+            calls = comm.allreduce(recs[0].calls if recs else 0)
+            ok = all(comm.allgather(ok)) and calls > 0 and (
+                m1 is one or sent == G.nbytes)
+            bad += not ok
+            rows.append(("recs", "cupy", "aware" if aware else "staged",
+                         "ok" if ok else "WRONG", "-", "-",
+                         f"records, {note}: {sent} B sent, {calls} MPI calls"))
+        sub.Free()
     # bfloat16 torch CUDA tensors: CuPy has none, so they move as their int16
     # bits, and partial sums of them are combined through float32 on the device
     if torch is not None and (has_torch or args.fake):
@@ -334,7 +369,7 @@ def main(argv=None):
             print(f"{r[0]:5} {r[1]:6} {r[2]:7} {r[3]:6} {r[4]:>9} {r[5]:>8}  {r[6]}")
         by = {}
         for r in rows:
-            if r[3] == "ok":
+            if r[3] == "ok" and r[4] != "-":
                 by.setdefault((r[0], r[1]), {})[r[2]] = float(r[4])
         ratios = [m["host"] / m["staged"] for m in by.values() if "host" in m and "staged" in m]
         if ratios:

@@ -70,7 +70,6 @@ import json
 import math
 import operator
 import sys
-import time
 from dataclasses import dataclass
 from importlib import resources
 
@@ -79,6 +78,7 @@ import numpy as np
 from ..runtime.failure import abort_on_exception
 from ..core.blocks import sub_index
 from ..planning.pieces import layout_boxes
+from .timing import slowest_medians
 
 __all__ = ["Unfit", "CrossCase", "Concrete", "evaluate", "parse_ranks", "load_cross_cases",
            "instantiate", "block_values", "measure", "run", "format_rows", "main"]
@@ -601,19 +601,8 @@ def measure(comm, c, repeats, explain=False):
     if explain:
         text = t.explain()
 
-    times = {k: np.zeros(repeats) for k in STRATEGIES}
-    for r in range(repeats):                          # interleaved, the same order everywhere
-        for k in STRATEGIES:
-            comm.Barrier()
-            t0 = time.perf_counter()
-            out = made[k].run()
-            times[k][r] = time.perf_counter() - t0
-            del out
-    medians = {}
-    for k in STRATEGIES:
-        worst = np.empty(repeats)
-        comm.Allreduce(times[k], worst, op=MPI.MAX)
-        medians[k] = float(np.median(worst))
+    medians = slowest_medians(comm, {k: made[k].run for k in STRATEGIES}, repeats,
+                              seed=None)     # interleaved, the same order everywhere
     sent = {k: made[k].bytes_sent(comm) for k in STRATEGIES}
     route = made["mpiredist"].route
     for k in STRATEGIES:

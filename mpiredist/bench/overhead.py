@@ -25,12 +25,12 @@ import json
 import math
 import statistics
 import sys
-import time
 from dataclasses import replace
 
 import numpy as np
 
 from ..runtime.failure import abort_on_exception
+from .timing import slowest_medians
 
 __all__ = ["shrink", "measure", "main"]
 
@@ -48,16 +48,6 @@ def shrink(case, nbytes, itemsize=4):
             return replace(case, shape=tuple(shape)), plan
         d = max(range(len(shape)), key=lambda k: shape[k])
         shape[d] = (shape[d] + 1) // 2
-
-
-def _time(comm, fn, repeats):
-    times = []
-    for _ in range(repeats):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return np.array(times)
 
 
 def measure(comm, entry, nbytes, repeats):
@@ -83,21 +73,16 @@ def measure(comm, entry, nbytes, repeats):
     for fn in calls.values():                   # warm-up: routing, caches
         for _ in range(5):
             fn()
-    times = {k: np.zeros(repeats) for k in KINDS}
-    for r in range(repeats):                    # interleaved, the same order on every rank
-        for k in KINDS:
-            times[k][r] = _time(comm, calls[k], 1)[0]
+    medians = slowest_medians(comm, {k: calls[k] for k in KINDS}, repeats,
+                              seed=None)        # interleaved, the same order on every rank
     t.free()
     fast.free()
-    from mpi4py import MPI
     row = {"case": entry.label, "shape": list(case.shape), "mesh": str(Mesh(case.mesh)),
            "ops": [s.op for s in plan.steps], "block_bytes": max(plan.src_local_bytes,
                                                                    plan.dst_local_bytes),
            "raw_op": raw.op}
     for k in KINDS:
-        worst = np.empty(repeats)
-        comm.Allreduce(times[k], worst, op=MPI.MAX)
-        row[f"{k}_us"] = float(np.median(worst)) * 1e6
+        row[f"{k}_us"] = medians[k] * 1e6
     return row
 
 

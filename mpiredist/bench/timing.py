@@ -23,18 +23,19 @@ def slowest_medians(comm, fns, repeats, seed=0, before=None):
     largest time over ranks.
 
     Side by side: each repeat runs every function once, in an order drawn
-    from ``seed`` (alike on every rank), so that a slow spell of the machine
-    and what a run leaves behind (freed memory, caches) fall on all of them
-    alike.  A barrier precedes each run, and ``before()``, if given, comes
-    before that (untimed).
+    from ``seed`` (alike on every rank; ``seed=None``: the dict's order every
+    repeat), so that a slow spell of the machine and what a run leaves
+    behind (freed memory, caches) fall on all of them alike.  A barrier
+    precedes each run, and ``before()``, if given, comes before that
+    (untimed).
     """
     from mpi4py import MPI
 
     names = list(fns)
-    draw = np.random.default_rng(seed)
+    draw = None if seed is None else np.random.default_rng(seed)
     times = np.empty((len(names), repeats))
     for r in range(repeats):
-        for i in draw.permutation(len(names)):
+        for i in range(len(names)) if draw is None else draw.permutation(len(names)):
             if before is not None:
                 before()
             comm.Barrier()

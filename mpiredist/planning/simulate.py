@@ -73,7 +73,6 @@ def simulate(plan, blocks, topology=None):
     return state if topology is None else (state, across)
 
 
-
 def _relative(box, outer):
     return tuple(slice(lo - o0, hi - o0) for (lo, hi), (o0, _) in zip(box, outer))
 

@@ -42,3 +42,11 @@ def test_slowest_median_of_one_function():
                          warmup=True)
     all_ok(comm, len(runs) == 4 and 0.003 * size <= got < 0.003 * size + 0.05,
            f"rank {rank}: {len(runs)} runs, median {got}")
+
+
+def test_slowest_medians_in_the_dicts_order_without_a_seed():
+    comm = MPI.COMM_WORLD
+    calls = []
+    got = slowest_medians(comm, {n: (lambda n=n: calls.append(n)) for n in "abc"}, 4,
+                          seed=None)
+    all_ok(comm, calls == list("abc") * 4 and sorted(got) == list("abc"), f"calls {calls}")

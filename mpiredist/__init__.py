@@ -41,7 +41,7 @@ _PUBLIC = {
     "TransferGroup": (".runtime.group", "TransferGroup"),
     "redistribute_many": (".arrays.many", "redistribute_many"),
     "redistribute_tree": (".arrays.many", "redistribute_tree"),
-    "topology": (".runtime.comm", "topology"),
+    "topology": (".runtime.groups", "topology"),
     "DistArray": (".arrays.distarray", "DistArray"),
     "redistribute": (".arrays.base", "redistribute"),
     "matmul": (".arrays.linalg", "matmul"),

@@ -88,7 +88,7 @@ def main(argv=None):
     from mpiredist.bench.cases import load_cases, scaled
     from mpiredist.planning.budget import default_workspace
     from mpiredist.planning.pieces import layout_boxes
-    from mpiredist.runtime.comm import cuda_aware
+    from mpiredist.runtime.mpi import cuda_aware
 
     comm = MPI.COMM_WORLD
     rank, p = comm.Get_rank(), comm.Get_size()

@@ -63,16 +63,16 @@ def test_the_contracts_catch_violations(tmp_path):
     shutil.copytree(ROOT / "mpiredist", package,
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    _plant(package, "planning/plans.py", "from ..runtime import comm  # noqa")
+    _plant(package, "planning/plans.py", "from ..runtime import groups  # noqa")
     _plant(package, "cli.py", "from .bench import report  # noqa")
-    _plant(package, "cli.py", "from .runtime import comm  # noqa")
+    _plant(package, "cli.py", "from .runtime import mpi  # noqa")
     _plant(package, "core/errors.py", "import mpi4py  # noqa")
     _plant(package, "core/layout.py", "from . import mesh  # noqa")
     _plant(package, "core/mesh.py", "from . import layout  # noqa")
     done = _lint_imports(tmp_path)
     assert done.returncode != 0
     assert _verdicts(done.stdout) == dict.fromkeys(CONTRACTS, "BROKEN"), done.stdout
-    for culprit in ("mpiredist.planning.plans -> mpiredist.runtime.comm",
+    for culprit in ("mpiredist.planning.plans -> mpiredist.runtime.groups",
                     "mpiredist.cli -> mpiredist.bench.report",
                     "mpiredist.core.errors -> mpi4py",
                     "mpiredist.cli is not allowed to import mpi4py"):

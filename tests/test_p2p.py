@@ -1,8 +1,9 @@
 """The pipelined part engine (mpiredist.runtime.p2p), without MPI.
 
-Ranks are threads and a small fake MPI matches sends with receives in
-posting order per pair, completing a send only when its receive is posted
-(rendezvous, the strictest case: nothing is buffered).  Random parts, ring
+Ranks are threads of the thread transport (:mod:`mpiredist.runtime.threads`),
+which matches sends with receives in posting order per pair and completes a
+send only when its receive is posted (rendezvous, the strictest case:
+nothing is buffered).  Random parts, ring
 sizes, and directly sent or packed parts must arrive intact and never
 deadlock (a thread still running after the timeout fails the test); the
 in-place ``paired`` mode swaps slots pairwise, as the one-buffer all-to-all
@@ -10,7 +11,6 @@ does.
 """
 
 import threading
-from collections import defaultdict, deque
 
 import numpy as np
 import pytest
@@ -19,83 +19,19 @@ from hypothesis import strategies as st
 
 from mpiredist.runtime import p2p
 from mpiredist.runtime.p2p import Part, Ring
+from mpiredist.runtime.threads import ThreadGroup, ThreadWorld
 
 TIMEOUT = 20
 
 
-class _Request:
-    def __init__(self):
-        self.done = False
-
-
-class _World:
-    """Matching of every pair's messages in posting order (MPI's non-overtaking rule)."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.sends = defaultdict(deque)     # (src, dst) -> (request, bytes)
-        self.recvs = defaultdict(deque)     # (src, dst) -> (request, bytes)
-
-    def post(self, kind, src, dst, data):
-        request = _Request()
-        with self.lock:
-            mine, other = (self.sends, self.recvs) if kind == "send" else (self.recvs, self.sends)
-            if other[src, dst]:
-                peer, buf = other[src, dst].popleft()
-                send, recv = (data, buf) if kind == "send" else (buf, data)
-                assert send.size == recv.size, "matched messages of different sizes"
-                recv[...] = send
-                request.done = peer.done = True
-            else:
-                mine[src, dst].append((request, data))
-        return request
-
-
-def _bytes(spec):
-    array, nbytes = spec[0], spec[1]
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)[:nbytes] \
-        if not array.flags.c_contiguous else array.reshape(-1).view(np.uint8)[:nbytes]
-
-
-class _Comm:
-    def __init__(self, world, rank):
-        self.world, self.rank = world, rank
-
-    def Isend(self, spec, dest, tag):
-        # not copied: the data is read when the receive matches, as in a
-        # rendezvous, so a place reused before its send finished shows
-        return self.world.post("send", self.rank, dest, _bytes(spec))
-
-    def Issend(self, spec, dest, tag):
-        # the engine's synchronous sends (past its first parts in flight): this
-        # fake's sends already finish only when matched
-        return self.Isend(spec, dest, tag)
-
-    def Irecv(self, spec, source, tag):
-        return self.world.post("recv", source, self.rank, _bytes(spec))
-
-
-class _MPI:
-    BYTE = "BYTE"
-
-    class Request:
-        @staticmethod
-        def Testsome(requests):
-            return [i for i, r in enumerate(requests) if r.done]
-
-        @staticmethod
-        def Waitall(requests):
-            while not all(r.done for r in requests):
-                threading.Event().wait(0.0005)
-
-
 def _run_ranks(n, body):
-    """Run ``body(rank, comm)`` on ``n`` threads; fail on an exception or a hang."""
-    world, errors = _World(), []
+    """Run ``body(rank, group)`` on ``n`` threads of one :class:`ThreadWorld` (ranks
+    that fail do not abort the others); fail on an exception or a hang."""
+    world, errors = ThreadWorld(n), []
 
     def target(rank):
         try:
-            body(rank, _Comm(world, rank))
+            body(rank, ThreadGroup(world, range(n), rank))
         except BaseException as exc:      # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -188,13 +124,13 @@ def test_random_parts_arrive_without_deadlock(seed):
         for peer, pair, r, count, packs in _sequence(rank, n, messages, "send"):
             data = _payload(pair, r, count)
             sends.append(Part(peer, view=data) if packs else
-                         Part(peer, spec=[data, data.nbytes, "BYTE"]))
+                         Part(peer, spec=data))
         for peer, pair, r, count, packs in _sequence(rank, n, messages, "recv"):
             target = np.zeros(count)
             targets.append((pair, r, target))
             recvs.append(Part(peer, view=target) if packs else
-                         Part(peer, spec=[target, target.nbytes, "BYTE"]))
-        p2p.run(_MPI, comm, sends, recvs, np.empty(rooms[rank, "s"]),
+                         Part(peer, spec=target))
+        p2p.run(comm, sends, recvs, np.empty(rooms[rank, "s"]),
                      np.empty(rooms[rank, "r"]))
         for pair, r, target in targets:
             received[pair, r] = target
@@ -212,9 +148,8 @@ MODES = [("packed", "straight"), ("packed", "ring"), ("straight", "ring")]
 
 def _paired_parts(peer, view, mode):
     send, recv = mode
-    spec = [view, view.nbytes, "BYTE"]
-    return (Part(peer, view=view) if send == "packed" else Part(peer, spec=spec),
-            Part(peer, view=view) if recv == "ring" else Part(peer, spec=spec))
+    return (Part(peer, view=view) if send == "packed" else Part(peer, spec=view),
+            Part(peer, view=view) if recv == "ring" else Part(peer, spec=view))
 
 
 def _rings(mode, room):
@@ -245,7 +180,7 @@ def test_paired_swap_in_place(seed, mode):
                 s, r = _paired_parts(p, buf[p, lo:lo + part], mode)
                 sends.append(s)
                 recvs.append(r)
-        p2p.run(_MPI, comm, sends, recvs, *_rings(mode, room), paired=True)
+        p2p.run(comm, sends, recvs, *_rings(mode, room), paired=True)
 
     _run_ranks(n, body)
     for me in range(n):
@@ -274,7 +209,7 @@ def test_paired_permute_around_a_cycle(seed, mode):
             _, r = _paired_parts((me - 1) % n, buf[lo:lo + part], mode)
             sends.append(s)
             recvs.append(r)
-        p2p.run(_MPI, comm, sends, recvs, *_rings(mode, room), paired=True)
+        p2p.run(comm, sends, recvs, *_rings(mode, room), paired=True)
 
     _run_ranks(n, body)
     for me in range(n):
@@ -294,7 +229,7 @@ def test_paired_more_receives_than_sends(mode):
                  for lo in range(0, sizes[me], part)]
         recvs = [_paired_parts(source, buf[lo:min(lo + part, sizes[source])], mode)[1]
                  for lo in range(0, sizes[source], part)]
-        p2p.run(_MPI, comm, sends, recvs, *_rings(mode, part), paired=True)
+        p2p.run(comm, sends, recvs, *_rings(mode, part), paired=True)
 
     _run_ranks(n, body)
     for me in range(n):
@@ -310,9 +245,8 @@ def test_paired_straight_both_ways_is_refused():
 
     def body(me, comm):
         view = np.zeros(4)
-        spec = [view, view.nbytes, "BYTE"]
         try:
-            p2p.run(_MPI, comm, [Part(1 - me, spec=spec)], [Part(1 - me, spec=spec)],
+            p2p.run(comm, [Part(1 - me, spec=view)], [Part(1 - me, spec=view)],
                          None, None, paired=True)
         except ValueError as exc:
             errors.append(exc)
@@ -330,25 +264,25 @@ def test_unpaired_in_place_swap_can_overwrite():
     slots = {r: np.full((n, length), float(r)) for r in range(n)}
     order = []
 
-    class Late(_Comm):
-        def Isend(self, spec, dest, tag):
+    class Late(ThreadGroup):
+        def isend(self, buf, peer, sync=False):
             order.append(("send", self.rank))
-            return super().Isend(spec, dest, tag)
+            return super().isend(buf, peer, sync)
 
-        def Irecv(self, spec, source, tag):
+        def irecv(self, buf, peer):
             order.append(("recv", self.rank))
-            return super().Irecv(spec, source, tag)
+            return super().irecv(buf, peer)
 
-    world = _World()
-    comms = [Late(world, r) for r in range(n)]
+    world = ThreadWorld(n)
+    comms = [Late(world, range(n), r) for r in range(n)]
     threads = []
     for me in range(n):
         p = 1 - me
         view = slots[me][p]
 
         def body(me=me, view=view, p=p):
-            p2p.run(_MPI, comms[me], [Part(p, view=view)],
-                         [Part(p, spec=[view, view.nbytes, "BYTE"])], np.empty(length), None)
+            p2p.run(comms[me], [Part(p, view=view)],
+                         [Part(p, spec=view)], np.empty(length), None)
         threads.append(threading.Thread(target=body, daemon=True))
     for t in threads:
         t.start()
@@ -379,7 +313,7 @@ def test_combined_in_posting_order(seed):
         recvs = (Part(m, view=target[lo:lo + part], combine=add,
                       value=blocks[me][me, lo:lo + part] if m == me else None)
                  for lo in range(0, length, part) for m in range(n))
-        p2p.run(_MPI, comm, sends, recvs, np.empty(part), np.empty(part))
+        p2p.run(comm, sends, recvs, np.empty(part), np.empty(part))
         out[me] = target
 
     _run_ranks(n, body)

@@ -17,7 +17,8 @@ import mpiredist as mr
 from mpiredist.core.blocks import box_size
 from mpiredist.core.subaxes import expand
 from mpiredist.planning.costs import exchange_bytes
-from mpiredist.planning.pieces import (DEPTH, MIN_PART, Holders, box_sources, contiguous_in,
+from mpiredist.core.blocks import contiguous_in
+from mpiredist.planning.pieces import (DEPTH, MIN_PART, Holders, box_sources,
                                        layout_sources, layout_targets, part_limit, parts,
                                        recv_pieces, send_pieces)
 

@@ -165,10 +165,9 @@ def _job_frees(ranks, code):
 _ATTR_JOB = """
 from mpi4py import MPI
 import mpiredist as mr
-from mpiredist.runtime.comm import kept
+from mpiredist.runtime.groups import as_group, kept, mesh_groups
 W = MPI.COMM_WORLD
-from mpiredist.runtime.comm import mesh_comm
-mesh_comm(mr.Mesh({"x": W.Get_size()}))                # a Cartesian communicator exists
+mesh_groups(mr.Mesh({"x": W.Get_size()}))              # a mesh's communicators exist
 theirs = MPI.Comm.Create_keyval()
 freed = []
 class Kept:
@@ -180,7 +179,7 @@ for shift in (0, 1):
     live = []
     for i in range(2400):
         c = W.Dup()
-        kept(c, "test")["x"] = Kept()  # mpiredist's attribute first
+        kept(as_group(c), "test")["x"] = Kept()  # mpiredist's attribute first
         c.Set_attr(theirs, i)          # then someone else's
         (live.append if i % 3 == 0 else lambda c: c.Free())(c)
     for c in live:

@@ -12,6 +12,8 @@ properties are local.  Every redistribution goes through a
 mesh's communicator and keyed by the agreed arguments.
 """
 
+import numpy as np
+
 from ..core.backend import dtype_of, dtype_text
 from ..core.blocks import rank_block
 from ..core.caches import recent
@@ -20,9 +22,10 @@ from ..core.layout import Layout
 from ..core.mesh import Mesh
 from ..core.subaxes import expand, rank_digits
 from ..planning import planner
+from ..planning.crossmesh import between
 from ..runtime.agree import agree, check_together
-from ..runtime.comm import base_comm, check_size, kept
-from ..runtime.transfer import Transfer, crossing
+from ..runtime.groups import base_group, check_size, kept
+from ..runtime.transfer import Transfer
 
 __all__ = ["DistArrayBase", "redistribute", "TRANSFER_CACHE_SIZE"]
 
@@ -36,14 +39,6 @@ def _block_shape(shape, mesh, layout, rank):
     return tuple(hi - lo for lo, hi in box)
 
 
-def _as_shape(shape, rank):
-    try:
-        return tuple(int(n) for n in shape)
-    except (TypeError, ValueError):
-        raise ShapeError(f"rank {rank}: global shape must be a sequence of integers, "
-                         f"found {shape!r}") from None
-
-
 def device_of(mesh, rank):
     """The device index of communicator ``rank`` on ``mesh``, or None off the mesh."""
     if mesh.ranks is None:
@@ -54,9 +49,9 @@ def device_of(mesh, rank):
 def _check_mesh(mesh):
     """MeshError unless ``mesh`` fits its communicator (all ranks, or listed ones)."""
     if mesh.ranks is None:
-        check_size(mesh, base_comm(mesh))
+        check_size(mesh, base_group(mesh))
     else:
-        mesh.check_ranks(base_comm(mesh).Get_size())
+        mesh.check_ranks(base_group(mesh).size)
 
 
 def _check_local(block, shape, mesh, layout, rank):
@@ -91,13 +86,14 @@ class DistArrayBase:
     the mesh has devices, e.g. ``mpirun -n 8`` for ``x=2,y=4``.
     """
 
-    __slots__ = ("_local", "_shape", "_layout", "_mesh", "_dtype")
+    __slots__ = ("_local", "_shape", "_layout", "_mesh", "_dtype", "_group")
 
     def __init__(self, local, shape, layout, mesh):
         # Unchecked; use from_local / from_global.
         self._local, self._shape = local, tuple(shape)
         self._layout, self._mesh = layout, mesh
         self._dtype = None if local is None else dtype_of(local)
+        self._group = None      # the mesh's group, found on the first redistribution
 
     @classmethod
     def from_local(cls, block, mesh, layout, shape):
@@ -108,7 +104,7 @@ class DistArrayBase:
         rank before any data moves.
         """
         def body(mesh, rank):
-            lay, full = Layout.parse(layout), _as_shape(shape, rank)
+            lay, full = Layout.parse(layout), planner.shape_of(shape)
             _check_local(block, full, mesh, lay, rank)
             values = dict(mesh=repr(mesh), shape=full, layout=lay)
             if mesh.ranks is None:          # every rank holds a block: agree on its dtype
@@ -135,7 +131,7 @@ class DistArrayBase:
             return (shape, lay), dict(mesh=mesh, shape=shape, dtype=dtype_of(array), layout=lay)
 
         mesh, (shape, lay) = check_together("DistArray.from_global", mesh, body)
-        device = device_of(mesh, base_comm(mesh).Get_rank())
+        device = device_of(mesh, base_group(mesh).rank)
         if device is None:
             return cls(None, shape, lay, mesh)
         box = rank_block(shape, expand(lay, mesh), rank_digits(mesh, device))
@@ -203,31 +199,21 @@ class DistArrayBase:
             Budget W for temporary buffers (see :func:`redistribute`).
         """
         block = self._local
-        if crossing(self._mesh, mesh):
-            target = self._mesh if mesh is None else mesh
-            if donate:
-                self._local = None
-            try:
-                out, target = _between(block, self._shape, self._mesh, self._layout, dst,
-                                       target, donate, strategy, records, workspace_bytes,
-                                       forwarded=0)
-            except BaseException:
-                if donate:
-                    self._local = block
-                raise
-            return type(self)(out, self._shape, Layout.parse(dst), target)
         if donate:
             self._local = None          # hand the block over: no reference is left here
         try:
-            _must_be_array(block, self._mesh, "redistribute")
-            t = _transfer(self._mesh, self._shape, dtype_of(block), self._layout, dst, donate,
-                          strategy, workspace_bytes)
+            group = self._group
+            if group is None:
+                group = self._group = base_group(self._mesh)
+            t, crossing = _transfer(self._mesh, self._shape, block, self._layout, dst, donate,
+                                    strategy, workspace_bytes, mesh, group)
             out = t.run(block, records=records)     # block: the only name left
         except BaseException:
             if donate:
                 self._local = block
             raise
-        return type(self)(out, self._shape, Layout.parse(dst), self._mesh)
+        return type(self)(out, self._shape, t.dst_layout,
+                          t.target_mesh if crossing else self._mesh)
 
     def redistribute_(self, dst, **kwargs):
         """In-place form: donate this block and take the result (collective)."""
@@ -257,7 +243,7 @@ def redistribute(local, global_shape, mesh, src, dst, donate=False,
 
     Runs through a cached :class:`~mpiredist.Transfer` of the same
     arguments: for many calls with the same arguments, make one Transfer and
-    call its ``run`` instead (no planning or cache look-up per call).
+    call its ``run`` instead (no cache look-up per call).
 
     Memory: with S and T the source and target block bytes and W =
     ``workspace_bytes`` (default ``max(S, T) // 4 + 1 MiB``), the call
@@ -276,78 +262,97 @@ def redistribute(local, global_shape, mesh, src, dst, donate=False,
     (``Mesh(..., ranks=...)``).  Every rank of the communicator calls; a
     rank outside the source mesh passes ``local=None`` and one outside the
     target mesh gets ``None``.  The route, a collective plan on one refined
-    mesh or a point-to-point exchange in rounds, is that of
-    :class:`~mpiredist.Transfer` with ``dst_mesh``; the memory bound is the
-    same, with S = 0 off the source mesh and T = 0 off the target mesh, and
-    the exchange does not honour a donation (it warns).
+    mesh or a point-to-point exchange, is that of :class:`~mpiredist.Transfer`
+    with ``dst_mesh``; the memory bound is the same, with S = 0 off the
+    source mesh and T = 0 off the target mesh, and the exchange does not
+    honour a donation (it warns).
     """
-    if crossing(mesh, dst_mesh):
-        return _between(local, global_shape, mesh, src, dst, dst_mesh, donate, strategy,
-                        records, workspace_bytes, forwarded=1)[0]
-    _must_be_array(local, mesh, "redistribute")
-    t = _transfer(mesh, global_shape, dtype_of(local), src, dst, donate, strategy,
-                  workspace_bytes)
+    t, _ = _transfer(mesh, global_shape, local, src, dst, donate, strategy, workspace_bytes,
+                     dst_mesh)
     return t.run(local, records=records, forwarded=1)
 
 
-def _must_be_array(local, mesh, what):
-    """ShapeError on every rank unless ``local`` is an array (one agreement, which
-    meets the agreement the other ranks make next, whatever it is)."""
-    if hasattr(local, "shape") and hasattr(local, "dtype"):
-        return
-    comm = base_comm(mesh if isinstance(mesh, Mesh) else Mesh(mesh))
-    agree(comm, what, ShapeError(f"rank {comm.Get_rank()}: local block must be an array "
-                                 f"(numpy, torch, CuPy, DLPack), found {type(local).__name__}"))
+def _transfer(mesh, global_shape, local, src, dst, donate, strategy, workspace, dst_mesh,
+              group=None):
+    """``(Transfer, between meshes)`` of these arguments: the Transfer kept in a
+    small cache of the group, or made (collective).
 
-
-def _transfer(mesh, global_shape, dtype, src, dst, donate, strategy, workspace):
-    """The Transfer of these arguments: kept in a small cache of the communicator,
-    or made (collective).
-
-    The key is this rank's own arguments; a rank whose key differs from the
-    others' (a miss where they hit, or another Transfer) reaches a
-    different agreement from theirs, and every agreement has one size, so
-    all ranks raise :class:`~mpiredist.MismatchError` instead of hanging.
+    The key is this rank's own arguments, as plain values (a layout's or a
+    mesh's ``key``); a rank whose key differs from the others' (a miss where
+    they hit, or another Transfer) reaches a different agreement from
+    theirs, and every agreement has one size, so all ranks raise
+    :class:`~mpiredist.MismatchError` instead of hanging.  Between meshes
+    (:func:`~mpiredist.planning.crossmesh.between`) a rank may hold no block:
+    the ranks first agree on the dtype (one allgather) and the Transfer is
+    made for the call alone.
     """
+    if type(local) is np.ndarray:
+        dtype = local.dtype
+    elif local is None or hasattr(local, "shape") and hasattr(local, "dtype"):
+        dtype = None if local is None else dtype_of(local)
+    else:
+        return _refused(mesh, local)
+    cache = None
     try:
-        m = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
-        key = (m, tuple(int(n) for n in global_shape), dtype_text(dtype),
-               str(Layout.parse(src)), str(Layout.parse(dst)), strategy, bool(donate),
-               workspace)
-        cache = kept(base_comm(m), "transfers")
-    except (ValueError, TypeError):
-        key = cache = None                      # the agreement names the problem
+        if group is None:
+            mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
+            group = base_group(mesh)
+        key = (mesh.key, tuple(global_shape), dtype, src if type(src) is str else src.key,
+               dst if type(dst) is str else dst.key, strategy, donate, workspace,
+               None if dst_mesh is None else dst_mesh.key)
+        cache = group.kept.get("transfers")
+        found = None if cache is None else cache.get(key)
+        if found is not None:
+            cache[key] = cache.pop(key)         # the most recently used
+            return found, False
+        crossing = between(mesh, dst_mesh, group.size)
+        cache = None if crossing else kept(group, "transfers")
+    except (ValueError, TypeError, AttributeError):
+        crossing = False                        # the agreement names the problem
+    if crossing:
+        return _Once(_between(local, global_shape, mesh, src, dst, dst_mesh, donate, strategy,
+                              workspace)), True
 
     def make():
-        return Transfer(global_shape, dtype, mesh, src, dst, donate, workspace, strategy)
+        return Transfer(global_shape, "u1" if dtype is None else dtype, mesh, src, dst, donate,
+                        workspace, strategy)
 
-    return make() if cache is None else recent(cache, key, make, TRANSFER_CACHE_SIZE)
+    return (make() if cache is None else recent(cache, key, make, TRANSFER_CACHE_SIZE)), False
 
 
-def _between(local, global_shape, mesh, src, dst, dst_mesh, donate, strategy, records,
-             workspace, forwarded):
-    """:func:`redistribute` between meshes: agree on the dtype, then one Transfer.
+def _refused(mesh, local):
+    """ShapeError on every rank: ``local`` is not an array (one agreement, which
+    meets the agreement the other ranks make next, whatever it is)."""
+    group = base_group(mesh if isinstance(mesh, Mesh) else Mesh(mesh))
+    agree(group, "redistribute", ShapeError(
+        f"rank {group.rank}: local block must be an array (numpy, torch, CuPy, DLPack), "
+        f"found {type(local).__name__}"))
+    raise AssertionError("unreachable: the agreement raised")
 
-    Returns ``(block, target mesh)``: the target mesh with its ranks, chosen
-    where it said ``ranks="auto"``.  ``forwarded``: the frames between the
-    user's own name and this function that hold ``local`` (this one and its
-    closure cell add one).
-    """
-    def body(mesh, rank):
-        if local is not None and not (hasattr(local, "shape") and hasattr(local, "dtype")):
-            raise ShapeError(f"rank {rank}: local block must be an array (numpy, torch, "
-                             "CuPy, DLPack) or "
-                             f"None, found {type(local).__name__}")
-        return None, {}
 
-    mesh, _ = check_together("redistribute between meshes", mesh, body)
+class _Once:
+    """A Transfer made for one call (between meshes): freed after its run."""
+
+    def __init__(self, transfer):
+        self.transfer = transfer
+        self.target_mesh = transfer.target_mesh
+        self.dst_layout = transfer.dst_layout
+
+    def run(self, local, records=None, forwarded=0):
+        try:
+            return self.transfer.run(local, records=records, forwarded=forwarded + 1)
+        finally:
+            self.transfer.free()
+
+
+def _between(local, global_shape, mesh, src, dst, dst_mesh, donate, strategy, workspace):
+    """The Transfer of a call between meshes: the ranks agree on the dtype first
+    (a rank without a block learns it: one allgather)."""
+    group = base_group(mesh)
+    agree(group, "redistribute between meshes")
     # by dtype_text: bfloat16's str is '<V2', which numpy reads as plain void
-    dtypes = [d for d in base_comm(mesh).allgather(
+    dtypes = [d for d in group.allgather_object(
         None if local is None else dtype_text(dtype_of(local))) if d is not None]
     dtype = dtypes[0] if dtypes else "u1"    # no block anywhere: Transfer names the rank
-    t = Transfer(global_shape, dtype, mesh, src, dst, donate, workspace, strategy,
-                 dst_mesh=mesh if dst_mesh is None else dst_mesh)
-    try:
-        return t.run(local, records=records, forwarded=forwarded + 1), t.target_mesh
-    finally:
-        t.free()
+    return Transfer(global_shape, dtype, mesh, src, dst, donate, workspace, strategy,
+                    dst_mesh=mesh if dst_mesh is None else dst_mesh)

@@ -15,9 +15,10 @@ Mixed layouts
     ``L``: its dims of full length take ``L``'s axes, its dims of length 1
     (or missing) are replicated.  The candidates for ``L`` are the
     operands' own layouts (padded to the result's dims); each candidate is
-    priced with the alpha-beta model (:func:`mpiredist.planning.model.predict`
-    of the plans that move the other operands there) and the cheapest wins,
-    the first operand's on a tie.  The choice depends only on shapes,
+    priced by the planner's own score under the machine profile
+    (:func:`mpiredist.planning.planner.predicted_seconds` of the plans that
+    move the other operands there) and the cheapest wins, the first
+    operand's on a tie.  The choice depends only on shapes,
     layouts and dtypes, so every rank makes the same one.  Moves go through
     ``redistribute`` (each within its memory bound).
 
@@ -44,9 +45,8 @@ from ..core.errors import ShapeError
 from ..core.layout import Layout
 from ..core.subaxes import expand, rank_digits
 from ..planning import planner
-from ..planning.model import predict
 from ..runtime.agree import check_together
-from ..runtime.comm import base_comm
+from ..runtime.groups import base_group
 from . import ops
 from .base import DistArrayBase
 
@@ -76,14 +76,15 @@ def _padded(layout, shape, result_shape):
 
 
 def move_cost(a, dst):
-    """Modelled seconds of moving DistArray ``a`` to layout ``dst`` (pure)."""
+    """Predicted seconds of moving DistArray ``a`` to layout ``dst``, as the
+    planner scores plans (pure)."""
     dst = Layout.parse(dst)
     if a.layout == dst:
         return 0.0
     if a.layout.partial and a.layout.op != "sum" and not dst.partial:
         dst = Layout(dst.dims, (), a.layout.op)
     p = planner.plan(a.shape, a.dtype, a.mesh, a.layout, dst)
-    return predict(p).seconds
+    return planner.predicted_seconds(p)
 
 
 def align(a, dst):
@@ -98,7 +99,7 @@ def align(a, dst):
 
 def this_block(shape, layout, mesh):
     """This rank's box ``((lo, hi), ...)`` of a global ``shape`` in ``layout``."""
-    rank = base_comm(mesh).Get_rank()
+    rank = base_group(mesh).rank
     return rank_block(tuple(shape), expand(Layout.parse(layout), mesh),
                       rank_digits(mesh, rank))
 

@@ -7,7 +7,7 @@
 DTensor's ``redistribute`` refuses moves between device meshes, goes
 through ``Replicate`` for many shard-to-shard moves, and has returned wrong
 shapes on uneven shards.  Here the source and target boxes come from
-DTensor's own block rule (:func:`mpiredist.core.peers.dtensor_boxes`,
+DTensor's own block rule (:func:`mpiredist.core.placements.dtensor_boxes`,
 checked against DTensor's computation), and one exchange of mpiredist
 (:class:`~mpiredist.runtime.exchange.Exchange`: every piece straight from a
 rank that holds it to the rank that needs it, in pipelined parts, partial
@@ -35,13 +35,12 @@ from ..core.backend import Backend, as_dtype, backend_of, dtype_text
 from ..core.caches import PerObject, recent
 from ..core.errors import MpiredistError, ShapeError
 from ..core.layout import REDUCE_OPS
-from ..core.peers import dtensor_boxes, placement_kinds
-from ..planning.pieces import Source, Target, exchange_workspace
+from ..core.placements import dtensor_boxes, placement_kinds
+from ..planning.pieces import Source, Target
 from ..runtime.agree import agree
-from ..runtime.comm import kept, library_comm, mpi
-from ..runtime.context import Context
-from ..runtime.exchange import Exchange
-from ..runtime.transfer import gpu_aware, run_exchange
+from ..runtime.between import BoxExchange
+from ..runtime.groups import kept, library_group, world_group
+from ..runtime.run import run
 
 __all__ = ["redistribute"]
 
@@ -93,9 +92,9 @@ def redistribute(dtensor, placements, device_mesh=None, workspace_bytes=None):
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    MPI = mpi()
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
+    group = world_group()
+    library_group(group)            # collective on first use: before any rank may fail
+    rank, size = group.rank, group.size
     holds = dtensor is not None
     error, mine, call = None, None, None
     try:
@@ -117,11 +116,11 @@ def redistribute(dtensor, placements, device_mesh=None, workspace_bytes=None):
             call = _Call(rank, mine, dtensor, placements, device_mesh, workspace_bytes)
     except (ValueError, MpiredistError) as exc:
         error = exc
-    flags = agree(comm, "mr.torch.redistribute", error,
+    flags = agree(group, "mr.torch.redistribute", error,
                   call.same if call is not None else None, {"every rank holds": holds},
                   knows=holds)
     if not flags["every rank holds"]:             # learn the source from the others
-        found = [x for x in comm.allgather(mine) if x is not None]
+        found = [x for x in group.allgather_object(mine) if x is not None]
         error, call = None, None
         try:
             if not found:
@@ -129,16 +128,13 @@ def redistribute(dtensor, placements, device_mesh=None, workspace_bytes=None):
             call = _Call(rank, found[0], dtensor, placements, device_mesh, workspace_bytes)
         except (ValueError, MpiredistError) as exc:
             error = exc
-        agree(comm, "mr.torch.redistribute (arguments)", error,
+        agree(group, "mr.torch.redistribute (arguments)", error,
               call.same if call is not None else None)
-    # agreed: every rank takes the same path (a collective on the first device call)
-    staged = call.device and not gpu_aware(comm, "mr.torch.redistribute")
-    ex = _exchange(call, comm, staged)
-    local = backend_of(tensor).native(tensor) if holds else None
-    out = run_exchange(comm, "mr.torch.redistribute", ex, local, None, call.device, call.dtype)
-    if out is None:
+    # agreed, the library included: the job runs the rest of the run path
+    (result,) = run(_job(call, group), (tensor if holds else None,), (None,),
+                    agreed=Backend("torch", call.device))
+    if result is None:
         return None
-    result = Backend("torch", call.device).wrap(out, call.dtype)
     return _as_dtensor(result, call)
 
 
@@ -230,14 +226,15 @@ class _Call:
                      "on a device": device}
 
 
-def _exchange(call, comm, staged):
+def _job(call, group):
+    """The exchange of DTensor's source blocks into its target blocks, kept per
+    group and call (a job of the one run path, agreed by the entry point)."""
     def make():
-        size = comm.Get_size()
+        size = group.size
         sources = _entries(call.shape, call.src_info, call.src_key, size, False, call.keep)
         targets = _entries(call.shape, call.dst_info, call.dst_key, size, True, call.keep)
-        w = exchange_workspace(sources, targets, call.dtype.itemsize) \
-            if call.workspace is None else int(call.workspace)
-        return Exchange(Context(library_comm(comm), call.dtype, staged=staged), sources,
-                        targets, w, call.op)
+        return BoxExchange.from_boxes(group, sources, targets, call.dtype, call.op,
+                                        None if call.workspace is None else int(call.workspace),
+                                        name="mr.torch.redistribute")
 
-    return recent(kept(comm, "dtensor exchanges"), call.key + (staged,), make, _CACHE_SIZE)
+    return recent(kept(group, "dtensor exchanges"), call.key, make, _CACHE_SIZE)

@@ -32,6 +32,7 @@ import secrets
 import numpy as np
 
 from ..runtime.agree import agree
+from ..runtime.groups import as_group
 from ..core.blocks import rank_block
 from ..core.errors import LayoutError, MeshError, MpiredistError, ShapeError
 from ..core.layout import Layout
@@ -39,7 +40,6 @@ from ..core.subaxes import expand, rank_digits
 
 __all__ = ["HDF5Error", "read_block", "write_blocks"]
 
-_TOKEN_TAG = 0x4D35  # tag of the serial fallback's write token
 
 
 class HDF5Error(MpiredistError, ValueError):
@@ -56,16 +56,12 @@ def _import_h5py():
 
 
 def _resolve_comm(mesh, comm):
-    if comm is None:
-        comm = mesh.comm
-    if comm is None:
-        from mpi4py import MPI
-        comm = MPI.COMM_WORLD
-    return comm
+    """The group of ``comm`` (default: the mesh's, then the world)."""
+    return as_group(mesh.comm if comm is None else comm)
 
 
-def _use_mpio(h5py, mpio):
-    available = bool(h5py.get_config().mpi)
+def _use_mpio(h5py, mpio, group):
+    available = bool(h5py.get_config().mpi) and hasattr(group, "comm")    # MPI-IO: MPI only
     if mpio and not available:
         raise HDF5Error("mpio=True, but this h5py was built without MPI "
                         "(h5py.get_config().mpi is False); build one with "
@@ -73,10 +69,11 @@ def _use_mpio(h5py, mpio):
     return available if mpio is None else bool(mpio)
 
 
-def _open(h5py, path, mode, comm, mpio):
-    """Open ``path``; collective with the MPI-IO driver, else this rank alone."""
+def _open(h5py, path, mode, group, mpio):
+    """Open ``path``; collective with the MPI-IO driver (on the group's mpi4py
+    communicator), else this rank alone."""
     if mpio:
-        return h5py.File(path, mode, driver="mpio", comm=comm)
+        return h5py.File(path, mode, driver="mpio", comm=group.comm)
     # mpiredist serialises its own writes (token passing), so HDF5's file
     # locks add nothing and fail on file systems without flock (NFS, Lustre).
     if h5py.version.version_tuple >= (3, 5) and \
@@ -94,10 +91,10 @@ def _check_common(what, mesh, layout, comm, mpio, h5py):
                           "array, so redistribute to a layout without partial "
                           "axes first")
     layout.validate(mesh)
-    if mesh.size != comm.Get_size():
+    if mesh.size != comm.size:
         raise MeshError(f"{what}: mesh {mesh} has {mesh.size} ranks but the "
-                        f"communicator has {comm.Get_size()}")
-    return layout, _use_mpio(h5py, mpio)
+                        f"communicator has {comm.size}")
+    return layout, _use_mpio(h5py, mpio, comm)
 
 
 def _check_shape(global_shape):
@@ -165,11 +162,11 @@ def _probe(h5py, path, dataset):
 
 def _probe_all(comm, h5py, path, dataset):
     """Rank 0 probes the file; every rank gets the same answer."""
-    if comm.Get_rank() == 0:
+    if comm.rank == 0:
         found = _probe(h5py, os.fspath(path), dataset)
     else:
         found = None
-    return comm.bcast(found, root=0)
+    return comm.allgather_object(found)[0]
 
 
 def read_block(path, dataset, mesh, layout, comm=None, *, mpio=None):
@@ -189,7 +186,7 @@ def read_block(path, dataset, mesh, layout, comm=None, *, mpio=None):
         The mesh; its size must equal the size of the communicator.
     layout : Layout or str
         How the array is split over ``mesh``; no partial axes.
-    comm : mpi4py.MPI.Comm, optional
+    comm : mpi4py.MPI.Comm or Group, optional
         Defaults to ``mesh.comm``, then ``MPI.COMM_WORLD``.
     mpio : bool, optional
         Use the MPI-IO driver; default: when h5py was built with MPI.
@@ -218,7 +215,7 @@ def read_block(path, dataset, mesh, layout, comm=None, *, mpio=None):
     what = f"read_block({os.fspath(path)!r}, {dataset!r})"
     h5py = _import_h5py()
     comm = _resolve_comm(mesh, comm)
-    rank = comm.Get_rank()
+    rank = comm.rank
     error = None
     try:
         layout, mpio = _check_common(what, mesh, layout, comm, mpio, h5py)
@@ -292,7 +289,7 @@ def write_blocks(path, dataset, local, global_shape, mesh, layout, comm=None,
     mesh : Mesh
     layout : Layout or str
         No partial axes: reduce partial results before writing.
-    comm : mpi4py.MPI.Comm, optional
+    comm : mpi4py.MPI.Comm or Group, optional
         Defaults to ``mesh.comm``, then ``MPI.COMM_WORLD``.
     overwrite : bool
         Replace ``dataset`` if the file already has it.
@@ -325,7 +322,7 @@ def write_blocks(path, dataset, local, global_shape, mesh, layout, comm=None,
     what = f"write_blocks({os.fspath(path)!r}, {dataset!r})"
     h5py = _import_h5py()
     comm = _resolve_comm(mesh, comm)
-    rank = comm.Get_rank()
+    rank = comm.rank
     local = _to_host(local)
     error, shape, block = None, global_shape, None
     try:
@@ -349,7 +346,7 @@ def write_blocks(path, dataset, local, global_shape, mesh, layout, comm=None,
     if error is not None:
         error = HDF5Error(f"{what}: rank {rank} failed: {type(error).__name__}: {error}")
 
-    failed = comm.allreduce(int(error is not None))
+    failed = any(comm.allgather_object(error is not None))
     if failed and rank == 0:
         _clean_up(h5py, target, new, dataset)
     if not failed and new and rank == 0:
@@ -383,10 +380,10 @@ def _plan_target(comm, h5py, path, dataset, overwrite, what):
     if kind != "nofile":
         return False, os.fspath(path)
     name = None
-    if comm.Get_rank() == 0:
+    if comm.rank == 0:
         head, tail = os.path.split(os.fspath(path))
         name = os.path.join(head, f".{tail}.tmp-{secrets.token_hex(6)}")
-    return True, comm.bcast(name, root=0)
+    return True, comm.allgather_object(name)[0]
 
 
 def _write_hyperslab(dset, block, local):
@@ -421,10 +418,10 @@ def _write_mpio(h5py, target, new, dataset, shape, local, block, writer, comm):
 
 def _write_serial(h5py, target, new, dataset, shape, local, block, writer, comm):
     """Rank 0 creates; then ranks write in turn, passing a token (serial h5py)."""
-    rank, size = comm.Get_rank(), comm.Get_size()
+    rank, size = comm.rank, comm.size
     token = np.zeros(1, dtype=np.int8)  # 1: an earlier rank failed
     if rank > 0:
-        comm.Recv(token, source=rank - 1, tag=_TOKEN_TAG)
+        comm.wait_all([comm.irecv(token, rank - 1)])
     error = None
     if not token[0] and (rank == 0 or writer):
         try:
@@ -436,7 +433,7 @@ def _write_serial(h5py, target, new, dataset, shape, local, block, writer, comm)
             error = exc
             token[0] = 1
     if rank + 1 < size:
-        comm.Send(token, dest=rank + 1, tag=_TOKEN_TAG)
+        comm.wait_all([comm.isend(token, rank + 1)])
     return error
 
 

@@ -191,45 +191,43 @@ def _resplit_dndarray(x, axis, workspace_bytes=None):
     """``heat.resplit`` of a ``heat.DNDarray``, moved by one mpiredist exchange
     from HeAT's own distribution (``lshape_map``, which need not be balanced)
     to HeAT's balanced one on ``axis``: memory max(S, T) + W per process,
-    where HeAT's own needs twice the local data or more."""
+    where HeAT's own needs twice the local data or more.  One agreement on
+    the call, then a job of the one run path
+    (:meth:`BoxExchange.from_boxes <mpiredist.runtime.between.BoxExchange.from_boxes>`)
+    kept per group and call."""
     import heat as ht
-    import numpy as np
 
     from ..core.backend import as_dtype, backend_of, dtype_text
     from ..core.caches import recent
-    from ..planning.pieces import Source, Target, exchange_workspace
+    from ..planning.pieces import Source, Target
     from ..runtime.agree import agree, fingerprint
-    from ..runtime.comm import kept, library_comm
-    from ..runtime.context import Context
-    from ..runtime.exchange import Exchange
+    from ..runtime.between import BoxExchange
+    from ..runtime.groups import as_group, kept, library_group
+    from ..runtime.run import run
 
-    comm = x.comm.handle
-    size = comm.Get_size()
+    group = as_group(x.comm.handle)
+    library_group(group)            # collective on first use
+    size = group.size
     shape, split = tuple(x.gshape), x.split
     axis = None if axis is None else _normalise_split(axis, len(shape))
     lengths = None if split is None else [int(r[split]) for r in x.lshape_map.tolist()]
     dtype = as_dtype(x.larray.dtype)
     key = (shape, dtype_text(dtype), split, None if lengths is None else tuple(lengths), axis,
            workspace_bytes)
-    agree(comm, "heat resplit", None, {"key": fingerprint(key)})
+    agree(group, "heat resplit", None, {"key": fingerprint(key)})
 
     def make():
         src = _boxes(shape, split, lengths if lengths is not None else [0] * size)
         dst = _boxes(shape, axis, heat_counts(shape[axis], size) if axis is not None
                      else [0] * size)
-        sources = [Source(b, 0, b) for b in src]
-        targets = [Target(b, None) for b in dst]
-        w = exchange_workspace(sources, targets, dtype.itemsize) if workspace_bytes is None \
-            else workspace_bytes
-        return Exchange(Context(library_comm(comm), dtype), sources, targets, w)
+        return BoxExchange.from_boxes(group, [Source(b, 0, b) for b in src],
+                                        [Target(b, None) for b in dst], dtype, "sum",
+                                        workspace_bytes, name="heat resplit")
 
-    # kept per communicator: the same key on another one is another exchange
-    ex = recent(kept(comm, "heat exchanges"), key, make, 32)
-    local = x.larray
-    native = np.ascontiguousarray(backend_of(local).native(local.detach()))
-    out = np.empty(ex.target_shape, dtype)
-    ex.run(native, out)
-    tensor = backend_of(local).wrap(out)
+    # kept per group: the same key on another one is another exchange
+    job = recent(kept(group, "heat exchanges"), key, make, 32)
+    local = x.larray.detach()
+    (tensor,) = run(job, (local,), (None,), agreed=backend_of(local))
     return ht.DNDarray(tensor, shape, x.dtype, axis, x.device, x.comm, True)
 
 

@@ -34,7 +34,7 @@ from ..core.layout import Layout
 from . import ops
 from .base import DistArrayBase
 from ..core.backend import array_module
-from ..runtime.comm import base_comm
+from ..runtime.groups import base_group
 from . import moves
 from .moves import source_entries
 from .shape import off_dims
@@ -165,7 +165,7 @@ def _exchanged(a, items, shape):
     """``a[key]`` for step-1 slices and ints: one exchange from the selected part of
     every block to the result's blocks (partial sums combined on the way)."""
     want = Layout(tuple(_result(items, a.layout.without_partial())[0]))
-    rank = base_comm(a.mesh).Get_rank()
+    rank = base_group(a.mesh).rank
     src, local = [], None
     for r, entry in enumerate(source_entries(a.shape, a.mesh, a.layout)):
         box, key = (None, None) if entry is None else _project(entry[0], items)

@@ -32,24 +32,24 @@ from ..core.layout import Layout
 from ..core.mesh import Mesh
 from ..planning.pieces import layout_boxes
 from ..runtime.agree import agree
-from ..runtime.comm import base_comm, mpi
+from ..runtime.groups import base_group, world_group
 
 __all__ = ["from_jax", "to_jax"]
 
 
 def from_jax(cls, array, mesh=None, spec=None):
     """``cls`` (a DistArray class) of the global JAX ``array``; see the module doc."""
-    comm = mpi().COMM_WORLD
-    rank = comm.Get_rank()
+    group = world_group()
+    rank = group.rank
     error, made = None, None
     try:
-        made = _read(array, mesh, spec, rank, comm.Get_size())
+        made = _read(array, mesh, spec, rank, group.size)
     except (ValueError, MpiredistError, TypeError, AttributeError) as exc:
         error = exc if isinstance(exc, (ValueError, MpiredistError)) else ShapeError(
             f"rank {rank}: DistArray.from_jax: {exc}")
     same = None if made is None else dict(mesh=repr(made[1]), shape=made[2], layout=made[3],
                                           dtype=str(made[0].dtype))
-    agree(comm, "DistArray.from_jax", error, same)
+    agree(group, "DistArray.from_jax", error, same)
     block, mesh, shape, layout = made
     return cls(block, shape, layout, mesh)
 
@@ -106,15 +106,15 @@ def _check_process(jax, rank, size):
 
 def to_jax(dist):
     """The global ``jax.Array`` of DistArray ``dist`` (collective; see the module doc)."""
-    comm = mpi().COMM_WORLD
-    rank = comm.Get_rank()
+    group = world_group()
+    rank = group.rank
     error, made = None, None
     try:
-        made = _build(dist, rank, comm.Get_size())
+        made = _build(dist, rank, group.size)
     except (ValueError, MpiredistError, TypeError, AttributeError) as exc:
         error = exc if isinstance(exc, (ValueError, MpiredistError)) else ShapeError(
             f"rank {rank}: DistArray.to_jax: {exc}")
-    agree(comm, "DistArray.to_jax", error)
+    agree(group, "DistArray.to_jax", error)
     return made
 
 
@@ -124,7 +124,7 @@ def _build(dist, rank, size):
     from jax.sharding import NamedSharding
     _check_process(jax, rank, size)
     mesh, layout, shape = dist.mesh, dist.layout, dist.shape
-    if base_comm(mesh).Get_size() != size or mesh.size != size:
+    if base_group(mesh).size != size or mesh.size != size:
         raise ShapeError(f"rank {rank}: to_jax needs a mesh of every rank of COMM_WORLD "
                          "(JAX's processes), one device each")
     spec = layout.to_partition_spec()

@@ -12,8 +12,9 @@ sum{K}`` holds partial sums over ``K``, which one reduce-scatter (or
 all-reduce) combines (:func:`mpiredist.arrays.ops.reduce`).  The candidates
 are built from the operands' own layouts (keep a's, keep b's, keep both
 sides' non-contracting axes, replicate the contracting dim); each is priced
-with the alpha-beta model of the plans moving a and b and reducing the
-result, and the cheapest wins (first on a tie): a choice made from shapes,
+by the planner's own score of the plans moving a and b and reducing the
+result (:func:`mpiredist.planning.planner.predicted_seconds`, under the
+machine profile), and the cheapest wins (first on a tie): a choice made from shapes,
 layouts and dtypes only, so every rank makes the same one.
 
 Result layout (``layout=None``): ``[B..., {M,K}, {N}]``: the partial sums
@@ -34,7 +35,6 @@ from ..core.backend import array_module
 from ..core.errors import LayoutError, ShapeError
 from ..core.layout import Layout
 from ..planning import planner
-from ..planning.model import predict
 from . import ops
 from .base import DistArrayBase
 from .broadcast import align, move_cost
@@ -126,11 +126,12 @@ def matmul(a, b, layout=None):
         want = _final_layout(B, M, K, N, squeeze, dst)
         cost = move_cost(a2, la) + move_cost(b2, lb)
         if K:
-            cost += predict(planner.plan(shape, dtype, a.mesh, part,
-                                         _unsqueezed(want, squeeze))).seconds
+            cost += planner.predicted_seconds(planner.plan(shape, dtype, a.mesh, part,
+                                                           _unsqueezed(want, squeeze)))
         elif want != _unsqueezed(Layout(B + (M, N)), squeeze):
-            cost += predict(planner.plan(shape, dtype, a.mesh, Layout(B + (M, N)),
-                                         _unsqueezed(want, squeeze))).seconds
+            cost += planner.predicted_seconds(planner.plan(shape, dtype, a.mesh,
+                                                           Layout(B + (M, N)),
+                                                           _unsqueezed(want, squeeze)))
         if best_cost is None or cost < best_cost:
             best, best_cost = (B, M, K, N, la, lb, part, want), cost
     B, M, K, N, la, lb, part, want = best

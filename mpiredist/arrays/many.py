@@ -11,7 +11,7 @@ from ..core.backend import dtype_of, dtype_text
 from ..core.errors import ShapeError
 from ..core.layout import Layout
 from ..runtime.agree import check_together
-from ..runtime.comm import base_comm
+from ..runtime.groups import base_group
 from ..runtime.group import TransferGroup
 
 __all__ = ["redistribute_many", "redistribute_tree"]
@@ -49,7 +49,7 @@ def redistribute_many(blocks, shapes, mesh, src, dst, dst_mesh=None, workspace_b
     mine = {} if blocks is None else {n: dtype_text(dtype_of(b)) for n, b in blocks.items()
                                       if b is not None and n in shapes}
     dtypes = {}
-    for theirs in base_comm(mesh).allgather(mine):
+    for theirs in base_group(mesh).allgather_object(mine):
         dtypes.update({n: d for n, d in theirs.items() if n not in dtypes})
     srcs, dsts = _per_name(src, names, "src"), _per_name(dst, names, "dst")
     items = {n: (shapes[n], dtypes.get(n, "u1"), srcs[n], dsts[n]) for n in names}

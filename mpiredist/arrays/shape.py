@@ -39,7 +39,7 @@ from ..core.layout import Layout
 from . import ops
 from .base import DistArrayBase
 from ..core.blocks import overlap
-from ..runtime.comm import base_comm
+from ..runtime.groups import base_group
 from . import moves
 from .moves import shifted, source_entries
 
@@ -155,7 +155,7 @@ def concatenate(arrays, axis=0, layout=None):
         raise LayoutError(f"concatenate: target layout {dst} has partial axes")
     dtype = np.result_type(*[a.dtype for a in arrays])
     mesh = first.mesh
-    rank = base_comm(mesh).Get_rank()
+    rank = base_group(mesh).rank
     mine = source_entries(shape, mesh, dst)[rank][0]
     xp = array_module(first.local)
     out = xp.empty(tuple(hi - lo for lo, hi in mine), dtype)
@@ -175,7 +175,7 @@ def _join(a, d, offset, shape, dst, mine, out):
     boxes = [None if e is None else overlap(e[0], region)
              for e in source_entries(shape, a.mesh, dst)]
     inside = [None if b is None else shifted(b, d, -offset) for b in boxes]
-    rank = base_comm(a.mesh).Get_rank()
+    rank = base_group(a.mesh).rank
     view = None
     if boxes[rank] is not None:
         view = out[tuple(slice(x - lo, y - lo) for (lo, _), (x, y) in zip(mine, boxes[rank]))]

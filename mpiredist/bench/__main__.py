@@ -216,7 +216,7 @@ def main(argv=None, comm=None):
     except (MpiredistError, KeyError) as exc:
         return _fail(exc, root=args.plan_only or _is_root(comm))
     if args.nodes:
-        from ..runtime.comm import mpi
+        from ..runtime.mpi import mpi
         from . import nodes
         if args.link_rate is not None:
             try:
@@ -229,7 +229,7 @@ def main(argv=None, comm=None):
 
 def _is_root(comm):
     if comm is None:
-        from ..runtime.comm import mpi
+        from ..runtime.mpi import mpi
         comm = mpi().COMM_WORLD
     return comm.Get_rank() == 0
 
@@ -311,7 +311,7 @@ def _two_level(args):
 
 
 def _run(args, opts, comm):
-    from ..runtime.comm import mpi
+    from ..runtime.mpi import mpi
     from . import report
     from . import runner
 

@@ -197,7 +197,7 @@ def format_rows(rows):
 
 def main(argv=None, comm=None):
     """Run the analytics rows on ``comm`` (default COMM_WORLD); 0 if every check is ok."""
-    from ..runtime.comm import mpi
+    from ..runtime.mpi import mpi
 
     parser = argparse.ArgumentParser(prog="python -m mpiredist.bench.analytics",
                                      description=__doc__.split("\n\n")[0])

@@ -21,7 +21,7 @@ of the slowest rank's time, so all ranks compute the same profile:
     ``Allgather``, ``Reduce_scatter_block``, ``Allreduce`` and a ring
     ``Sendrecv`` (permute); the latency of the model's rounds is taken off.
 ``beta_across[op][G]``
-    on two or more nodes (:func:`mpiredist.runtime.comm.topology`, every
+    on two or more nodes (:func:`mpiredist.runtime.groups.topology`, every
     node with as many ranks): ``beta`` is measured on groups inside nodes
     (G dividing the ranks per node, every node's groups at once), and
     ``beta_across`` on groups of G ranks on G different nodes (the j-th rank
@@ -160,13 +160,13 @@ def measure(comm, nbytes=4 << 20, repeats=5, topology=None):
     """The profile dictionary (collective; identical on every rank).
 
     ``topology``: the node of each rank (default the communicator's own,
-    :func:`mpiredist.runtime.comm.topology`); on two or more nodes of equal
+    :func:`mpiredist.runtime.groups.topology`); on two or more nodes of equal
     size the rates are measured by link class (module docstring).
     """
     from mpi4py import MPI
 
     from ..planning.profile import VERSION
-    from ..runtime.comm import topology as find_topology
+    from ..runtime.groups import topology as find_topology
 
     size, rank = comm.Get_size(), comm.Get_rank()
     nodes = find_topology(comm) if topology is None else topology
@@ -274,7 +274,7 @@ def calibrate_run(args, comm=None):
 
 def _calibrate(args, comm):
     from ..planning.profile import Profile, default_path
-    from ..runtime.comm import mpi
+    from ..runtime.mpi import mpi
 
     comm = comm if comm is not None else mpi().COMM_WORLD
     nbytes, repeats = (64 << 10, 3) if args.quick else (args.bytes, args.repeats)

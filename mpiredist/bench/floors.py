@@ -206,7 +206,7 @@ def format_result(result):
 
 def main(argv=None, comm=None):
     """Measure the floors on ``comm`` (default COMM_WORLD); 0 when the results are right."""
-    from ..runtime.comm import mpi
+    from ..runtime.mpi import mpi
 
     parser = argparse.ArgumentParser(prog="python -m mpiredist.bench.floors",
                                      description=__doc__.split("\n\n")[0])

@@ -2,7 +2,7 @@
 
 Run on two or more nodes of equal size (``scripts/cluster.sh up 2 --rate
 1gbit`` makes two on one machine).  The nodes are the communicator's
-(:func:`mpiredist.runtime.comm.topology`).  Cases:
+(:func:`mpiredist.runtime.groups.topology`).  Cases:
 
 * every shared case with as many devices as ranks, on two meshes: one whose
   *major* digits cross nodes (device ``d`` on node ``d // R``, R ranks per
@@ -210,7 +210,7 @@ def _mesh_strategies(comm, c, topology, dtype, block):
 
     from ..planning import planner
     from ..planning.profile import current
-    from ..runtime.comm import mesh_comm
+    from ..runtime.groups import mesh_groups
     from ..runtime.transfer import Transfer
     from .runner import make_raw
     from .xla import xla_plan
@@ -232,7 +232,7 @@ def _mesh_strategies(comm, c, topology, dtype, block):
     if x is not None:
         tx = Transfer.from_plan(x, mesh)
         out["xla"] = (lambda: tx.run(block), tx.plan)
-    raw = make_raw(ours.plan, mesh_comm(mesh))
+    raw = make_raw(ours.plan, mesh_groups(mesh))
     out["raw"] = (lambda: raw.run(), None)
     return out, raw
 
@@ -333,7 +333,7 @@ def run(comm, args, topology=None):
     nodes (default the communicator's own; tests make them up)."""
     import json
 
-    from ..runtime.comm import topology as find
+    from ..runtime.groups import topology as find
     from .runner import _agree
 
     me = comm.Get_rank()

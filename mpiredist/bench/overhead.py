@@ -54,7 +54,7 @@ def measure(comm, entry, nbytes, repeats):
     """One row: medians (s) of each kind for ``entry`` shrunk to ``nbytes`` blocks."""
     import mpiredist as mr
     from ..core.mesh import Mesh
-    from ..runtime.comm import mesh_comm
+    from ..runtime.groups import mesh_groups
     from .runner import global_array, make_raw, source_block
 
     case, plan = shrink(entry.case, nbytes)
@@ -65,7 +65,7 @@ def measure(comm, entry, nbytes, repeats):
     t = mr.Transfer(case.shape, np.float32, mesh, case.src, case.dst)
     fast = mr.Transfer(case.shape, np.float32, mesh, case.src, case.dst, checked=False)
     out = np.empty(t.target_shape, np.float32)
-    raw = make_raw(plan, mesh_comm(mesh))
+    raw = make_raw(plan, mesh_groups(mesh))
     calls = {"raw": raw.run,
              "run": lambda: t.run(src, out=out),
              "unchecked": lambda: fast.run(src, out=out),
@@ -111,7 +111,7 @@ def format_rows(rows):
 
 def main(argv=None, comm=None):
     """Run the overhead table on ``comm`` (default COMM_WORLD); 0 on success."""
-    from ..runtime.comm import mpi
+    from ..runtime.mpi import mpi
     from .runner import suite
 
     parser = argparse.ArgumentParser(prog="python -m mpiredist.bench.overhead",

@@ -37,7 +37,7 @@ class RawPacked:
     """
 
     def __init__(self, plan, comm):
-        from ..runtime.comm import mpi
+        from ..runtime.mpi import mpi
 
         self._mpi, self.comm = mpi(), comm
         size, rank = comm.Get_size(), comm.Get_rank()

@@ -288,9 +288,10 @@ def _pattern(sender, peer):
     return (7 * sender + 13 * peer + 1) % 251
 
 
-def make_raw(plan, mc):
-    """The :class:`Raw` limit of ``plan`` (a ``collectives`` plan) on ``mc``."""
-    from ..runtime.comm import mpi
+def make_raw(plan, groups):
+    """The :class:`Raw` limit of ``plan`` (a ``collectives`` plan) on the mesh's
+    MPI communicators (``groups``: its :class:`~mpiredist.runtime.groups.MeshGroups`)."""
+    from ..runtime.mpi import mpi
 
     MPI = mpi()
     steps = [s for s in plan.steps if s.op != "slice" and s.bytes_sent_per_rank > 0]
@@ -298,7 +299,7 @@ def make_raw(plan, mc):
     if not steps or total == 0:
         return Raw("none")
     dom = max(steps, key=lambda s: s.bytes_sent_per_rank)
-    comm = mc.comm if dom.op in ("exchange", "permute") else mc.sub(dom.axes)
+    comm = (groups.group if dom.op in ("exchange", "permute") else groups.sub(dom.axes)).comm
     g, me = comm.Get_size(), comm.Get_rank()
     if g == 1:
         return Raw("none")
@@ -403,8 +404,8 @@ def _runner(name, plan, src, mesh, raw, packed=None):
     (``mr.Transfer.from_plan``), exactly as :func:`mpiredist.redistribute`
     would run it (the Transfer chooses how from the plan and the memory
     contract): ``donated`` donates, ``into_out`` runs into one ``out=``
-    array; ``inplace`` is the bench's own runner of the kept source in one
-    buffer (:class:`_OneBuffer`).  ``prepare`` (not timed) returns the block
+    array; ``inplace`` runs the kept source in one buffer even where out of
+    place would fit (``Transfer.from_plan(..., executor="in place")``).  ``prepare`` (not timed) returns the block
     a run gets: ``src`` itself, or for ``donated`` a fresh copy that the run
     may resize and overwrite.
     """
@@ -415,54 +416,14 @@ def _runner(name, plan, src, mesh, raw, packed=None):
     if name == "raw_packed":
         return (lambda: src), packed, None, "raw MPI packed"
     if name == "inplace":
-        one = _OneBuffer(plan, mesh)
-        return (lambda: src), one, one.plan, "in place"
+        t = Transfer.from_plan(plan, mesh, executor="in place")
+        return (lambda: src), t, t.plan, t.executor
     donate = name == "donated"
     t = Transfer.from_plan(plan, mesh, donate=donate)
     if name == INTO_OUT:
         return (lambda: src), _IntoOut(t), t.plan, t.executor
     prepare = (lambda: src.copy(order="C")) if donate else (lambda: src)
     return prepare, t, t.plan, t.executor
-
-
-class _OneBuffer:
-    """The ``inplace`` strategy: a kept source run in one buffer even where out of
-    place would fit, built from the runtime's public pieces (the plan without
-    exchange steps where one cannot run there, a Context, the one-buffer
-    memory strategy, the steps' loop) with the default workspace."""
-
-    def __init__(self, plan, mesh):
-        from ..planning.budget import assess, default_workspace, in_place_plan, reduction_room
-        from ..runtime import steps
-        from ..runtime.comm import mesh_comm
-        from ..runtime.context import Context
-        from ..runtime.memory import OneBuffer
-
-        w = default_workspace(plan)
-        replan = None
-        if plan.strategy == "collectives":
-            def replan():
-                return planner.plan(plan.global_shape, plan.dtype, plan.mesh, plan.src,
-                                    plan.dst, "collectives", allow_exchange=False,
-                                    topology=plan.topology)
-        self.plan, _, _, budget = in_place_plan(plan, assess(plan, False, w), False, w, replan)
-        self.workspace = budget.workspace
-        mc = mesh_comm(mesh)
-        self.ctx = Context(mc.comm, plan.dtype, np, self.plan, mc)
-        self.ctx.reduce_room = reduction_room(self.workspace)
-        self._run, self._memory = steps.run, OneBuffer
-
-    def run(self, local, records=None):
-        from ..runtime.transfer import merged, split_views
-        if self.plan.view_shape is None:
-            return self._run(self.ctx, self._memory(self.ctx, local, False, self.workspace),
-                             records)
-        view, _ = split_views(self.ctx, local, None, False)
-        out = self._run(self.ctx, self._memory(self.ctx, view, False, self.workspace), records)
-        return merged(self.ctx, out)
-
-    def free(self):
-        self.ctx.free()
 
 
 class _IntoOut:
@@ -484,7 +445,8 @@ class _IntoOut:
 def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
     """Run one case; return ``(records, skipped)`` (identical on every rank)."""
     from ..planning.budget import default_workspace
-    from ..runtime.comm import MeshComm, mpi
+    from ..runtime.groups import MeshGroups, base_group
+    from ..runtime.mpi import mpi
 
     MPI = mpi()
     c = entry.case
@@ -501,10 +463,11 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
         src = source_block(g, mesh, c.src, rank)
         expected = target_block(g, mesh, c.dst, rank)
         del g
-        with MeshComm(mesh) as mc:
+        mc = MeshGroups(mesh, base_group(mesh))
+        try:
             runs, executors = {}, {}
             raw = make_raw(plans["collectives"], mc) if "raw" in names else None
-            packed = (RawPacked(plans["collectives"], mc.comm) if "raw_packed" in names
+            packed = (RawPacked(plans["collectives"], mc.group.comm) if "raw_packed" in names
                       else None)
             for n in names:
                 prepare, call, ran, executors[n] = _runner(n, plans.get(n), src, mesh, raw,
@@ -554,6 +517,8 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
             for n in names:
                 if n not in REFERENCES:
                     runs[n][1].free()
+        finally:
+            mc.free()
     worst = np.empty_like(times)
     comm.Allreduce(times, worst, op=MPI.MAX)
     ints = np.array([[sent[n], peak[n], int(not correct[n]), limit[n], over[n], rss[n]]

@@ -669,7 +669,7 @@ def report(summary, library=""):
 
 def main(argv=None, comm=None):
     """Run the soak on ``comm`` (default COMM_WORLD); 0 if every case passed."""
-    from ..runtime.comm import mpi
+    from ..runtime.mpi import mpi
 
     parser = argparse.ArgumentParser(prog="python -m mpiredist.bench.soak",
                                      description=__doc__.split("\n\n")[0])

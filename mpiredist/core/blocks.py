@@ -22,7 +22,7 @@ from .subaxes import group_size
 
 __all__ = ["chunk", "interval", "aligned", "divides_evenly", "block_index", "local_shape",
            "rank_block", "overlap", "box_size", "box_shape", "sub_index", "flat_offset",
-           "contiguous_box", "SLAB", "slabs", "slab_digit", "slab_index", "slab_interval"]
+           "contiguous_box", "contiguous_in", "offsets", "relative", "box_index", "SLAB", "slabs", "slab_digit", "slab_index", "slab_interval"]
 
 # Digit combinations per slab: int64 arrays of 32 KiB, so that a figure over
 # the 65,536 ranks of a large mesh needs a few hundred KiB, not O(P) arrays.
@@ -121,6 +121,38 @@ def contiguous_box(full, starts, shape):
     if not dims:
         return True
     return all(shape[d] == full[d] for d in range(dims[0] + 1, len(full)))
+
+
+def offsets(counts):
+    """Where each of ``counts`` starts when they lie one after another."""
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += c
+    return out
+
+
+def contiguous_in(piece, block):
+    """True if the global box ``piece`` is one run of a C-order ``block`` (both
+    per-dim interval tuples): :func:`contiguous_box` in global coordinates."""
+    return contiguous_box([hi - lo for lo, hi in block],
+                          [p - b for (p, _), (b, _) in zip(piece, block)],
+                          [hi - lo for lo, hi in piece])
+
+
+def relative(box, outer):
+    """``(starts, shape)`` of the global ``box`` inside the block ``outer`` (None
+    when there is no block)."""
+    if outer is None:
+        return None
+    return (tuple(lo - o for (lo, _), (o, _) in zip(box, outer)),
+            tuple(hi - lo for lo, hi in box))
+
+
+def box_index(box):
+    """The index of a relative box ``(starts, shape)``: a view, also of a 0-d array."""
+    starts, shape = box
+    return tuple(slice(s, s + k) for s, k in zip(starts, shape)) + (Ellipsis,)
 
 
 def slabs(space, size=SLAB):

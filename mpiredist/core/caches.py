@@ -8,7 +8,7 @@
 :func:`recent`
     objects that hold MPI resources (a Transfer, an Exchange), kept by key in
     a dict that the caller owns (one per communicator, see
-    :func:`mpiredist.runtime.comm.kept`), most recently used last; past
+    :func:`mpiredist.runtime.groups.kept`), most recently used last; past
     ``most`` entries the least recently used is dropped and its ``free()``
     called (local, no communication).
 

@@ -70,7 +70,7 @@ class Layout:
     Layout(dims=(('x', 'y'), ()), partial=('z',), op='sum')
     """
 
-    __slots__ = ("dims", "partial", "op")
+    __slots__ = ("dims", "partial", "op", "key")
 
     def __init__(self, dims, partial=(), op="sum"):
         if isinstance(dims, str):
@@ -91,6 +91,10 @@ class Layout:
         object.__setattr__(self, "partial", partial)
         object.__setattr__(self, "op", op)
         self._check_names()
+        # the value as a plain tuple (hashed in C: a dict key of it costs no Python
+        # call); partial axes are a set: ``sum{x,y}`` equals ``sum{y,x}``
+        object.__setattr__(self, "key", ("Layout", dims, tuple(sorted(partial)),
+                                         op if partial else "sum"))
 
     def __setattr__(self, name, value):
         raise AttributeError("Layout is immutable")
@@ -134,9 +138,9 @@ class Layout:
     def from_placements(placements, mesh_dim_names, ndim):
         """The layout of PyTorch DTensor ``placements`` (``Shard``, ``Replicate``,
         ``Partial``) on a mesh with dims ``mesh_dim_names`` (see
-        :mod:`mpiredist.core.peers`)."""
-        from . import peers
-        dims, partial, op = peers.from_placements(placements, mesh_dim_names, ndim)
+        :mod:`mpiredist.core.placements`)."""
+        from . import placements as rules
+        dims, partial, op = rules.from_placements(placements, mesh_dim_names, ndim)
         if op not in REDUCE_OPS:
             raise LayoutError(f"placements {list(placements)}: partial op {op!r} is not one "
                               f"of {REDUCE_OPS} (an average is a sum divided afterwards)")
@@ -144,19 +148,19 @@ class Layout:
 
     def to_placements(self, mesh_dim_names):
         """DTensor placements of this layout, one per mesh dim (needs torch)."""
-        from . import peers
-        return peers.to_placements(self, mesh_dim_names)
+        from . import placements as rules
+        return rules.to_placements(self, mesh_dim_names)
 
     @staticmethod
     def from_partition_spec(spec, ndim=None):
-        """The layout of a JAX ``PartitionSpec`` (see :mod:`mpiredist.core.peers`)."""
-        from . import peers
-        return Layout(peers.from_partition_spec(spec, ndim))
+        """The layout of a JAX ``PartitionSpec`` (see :mod:`mpiredist.core.placements`)."""
+        from . import placements as rules
+        return Layout(rules.from_partition_spec(spec, ndim))
 
     def to_partition_spec(self):
         """A ``jax.sharding.PartitionSpec`` of this layout (needs JAX)."""
-        from . import peers
-        return peers.to_partition_spec(self)
+        from . import placements as rules
+        return rules.to_partition_spec(self)
 
     @classmethod
     def replicated(cls, ndim):
@@ -201,15 +205,11 @@ class Layout:
             out["op"] = self.op
         return out
 
-    def _key(self):
-        # partial axes are a set: ``sum{x,y}`` equals ``sum{y,x}``
-        return (self.dims, tuple(sorted(self.partial)), self.op if self.partial else "sum")
-
     def __eq__(self, other):
-        return isinstance(other, Layout) and self._key() == other._key()
+        return isinstance(other, Layout) and self.key == other.key
 
     def __hash__(self):
-        return hash(("Layout",) + self._key())
+        return hash(self.key)
 
     def __repr__(self):
         return f"Layout(dims={self.dims!r}, partial={self.partial!r}, op={self.op!r})"

@@ -27,7 +27,7 @@ from .subaxes import group_str, mesh_sub_axes
 from .topology import Topology
 
 __all__ = ["Mesh", "parse_ranks", "format_ranks", "crossing_sub_axes", "crossing_names",
-           "set_topology_source", "MAX_DEVICES"]
+           "MAX_DEVICES"]
 
 # An MPI communicator's size is a C int: no mesh has more devices than this,
 # and every rank is below it.
@@ -148,7 +148,7 @@ class Mesh:
     ('dp',)
     """
 
-    __slots__ = ("_axes", "_comm", "_ranks", "_topology")
+    __slots__ = ("_axes", "_comm", "_ranks", "_topology", "key")
 
     def __init__(self, axes, comm=None, ranks=None, topology=None):
         if isinstance(axes, Mesh):
@@ -169,6 +169,8 @@ class Mesh:
                 raise MeshError(f"topology {topology!r} has {topology.size} devices, but the "
                                 f"mesh {','.join(f'{n}={v}' for n, v in items)} has {size}")
         object.__setattr__(self, "_topology", topology)
+        # the value but its communicator as a plain tuple (hashed in C)
+        object.__setattr__(self, "key", ("Mesh", items, self._ranks))
 
     def __setattr__(self, name, value):
         raise AttributeError("Mesh is immutable")
@@ -241,10 +243,11 @@ class Mesh:
         device's ``within`` digits are its place on its node: device
         ``n * W + j`` (W the product of the ``within`` sizes) is the j-th
         rank, in rank order, of node n (nodes in the order of their lowest
-        rank).  ``topology``: the node of each rank of ``comm``; by default
-        the communicator's own, found by the runtime
-        (:func:`mpiredist.runtime.comm.topology`; collective then: every
-        rank calls this).  MeshError unless there are as many nodes as the
+        rank).  ``topology``: the node of each rank of ``comm``, which
+        :func:`mpiredist.topology` finds (collective: every rank calls it),
+        e.g. ``Mesh.hybrid(within, across, topology=mr.topology())``; it may
+        be left out when ``comm`` is a transport group, which knows its nodes
+        (collective then).  MeshError unless there are as many nodes as the
         ``across`` axes make, each with W ranks.
 
         Examples
@@ -256,10 +259,10 @@ class Mesh:
         inner, outer = _parse_axes(within), _parse_axes(across)
         _validate(outer + inner)
         if topology is None:
-            if _TOPOLOGY_SOURCE is None:
-                raise MeshError("Mesh.hybrid: give topology= (the runtime, which finds a "
-                                "communicator's own, is not loaded)")
-            topology = _TOPOLOGY_SOURCE(comm)
+            if not hasattr(comm, "nodes"):
+                raise MeshError("Mesh.hybrid: give topology=mr.topology(comm), the node of "
+                                "each rank (found collectively by the runtime)")
+            topology = Topology(comm.nodes())
         if not isinstance(topology, Topology):
             raise MeshError(f"Mesh.hybrid: topology must be a Topology, found "
                             f"{type(topology).__name__}")
@@ -282,7 +285,7 @@ class Mesh:
 
         A mesh made by :meth:`hybrid`, or given ``topology=``, has one; the
         runtime finds a communicator's own when it plans a Transfer
-        (:func:`mpiredist.runtime.comm.topology`, collective), since a
+        (:func:`mpiredist.runtime.groups.topology`, collective), since a
         property must not communicate.
         """
         return self._topology
@@ -344,7 +347,7 @@ class Mesh:
             and self._ranks == other._ranks and _same_comm(self._comm, other._comm)
 
     def __hash__(self):
-        return hash(("Mesh", self._axes, self._ranks))      # communicators are unhashable
+        return hash(self.key)      # communicators are unhashable
 
     def __repr__(self):
         if self._ranks is None:
@@ -357,17 +360,6 @@ class Mesh:
         if self._ranks is None:
             return text
         return f"{text}@auto" if self.auto else f"{text}@{format_ranks(self._ranks)}"
-
-
-# How Mesh.hybrid finds a communicator's topology when not given one: set by
-# the runtime (mpiredist.runtime.comm), which core may not import.
-_TOPOLOGY_SOURCE = None
-
-
-def set_topology_source(find):
-    """Register ``find(comm) -> Topology`` (collective) for :meth:`Mesh.hybrid`."""
-    global _TOPOLOGY_SOURCE
-    _TOPOLOGY_SOURCE = find
 
 
 def _same_comm(a, b):

@@ -7,7 +7,7 @@ scale assumes, and what a job of ``per_node`` ranks on each node gives when
 ranks are numbered node by node (Slurm's block distribution, ``mpirun
 --map-by node`` aside).  On MPI the runtime builds the topology of a
 communicator from ``Split_type(COMM_TYPE_SHARED)``
-(:func:`mpiredist.runtime.comm.topology`), and a mesh over a subset or a
+(:func:`mpiredist.runtime.groups.topology`), and a mesh over a subset or a
 reordering of its ranks takes its devices' nodes (:meth:`Topology.devices`).
 
 Examples

@@ -180,17 +180,19 @@ class Choice:
         return "in place" if self.inplace else "out of place"
 
 
-def choose(plan, donate=False, workspace=None, gpu=False, without_exchange=None):
+def choose(plan, donate=False, workspace=None, gpu=False, without_exchange=None,
+           in_place=False):
     """The executor that keeps the contract: out of place if its peak fits
     (it is the faster one), else in one buffer.
 
     ``without_exchange``, if given, returns the plan to run in place instead
     when ``plan`` has a step that cannot run in place (the planner's plan
     without exchange steps).  GPU arrays always run out of place (no
-    in-place executor for them yet).
+    in-place executor for them yet).  ``in_place`` runs host arrays in one
+    buffer even where out of place fits (a benchmark's choice).
     """
     fits = assess(plan, donate, workspace)
-    if gpu or (not donate and fits.out_of_place_peak <= fits.limit):
+    if gpu or (not donate and not in_place and fits.out_of_place_peak <= fits.limit):
         return Choice(plan, False, max(0, fits.limit - fits.out_of_place_peak), fits)
     return Choice(*in_place_plan(plan, fits, donate, workspace, without_exchange))
 

@@ -19,7 +19,31 @@ from ..core.mesh import Mesh
 from .pieces import (Holders, exchange_workspace, layout_boxes, layout_sources, layout_targets,
                      part_limit, parts, recv_pieces, send_pieces)
 
-__all__ = ["refine", "rewrite", "route", "comm_size_of", "relabel", "CrossPlan", "cross_plan"]
+__all__ = ["between", "refine", "rewrite", "route", "comm_size_of", "relabel", "CrossPlan",
+           "cross_plan"]
+
+
+def between(mesh, dst_mesh, comm_size=None):
+    """True if a redistribution from ``mesh`` to ``dst_mesh`` takes the
+    between-meshes path (the one decision of every route): a target mesh that
+    differs, or, given the size of the communicator, a mesh over only some of
+    its ranks (a mesh over all of them in another order runs on one mesh).
+    A plan (``comm_size`` None) is over devices, whatever their ranks.
+
+    Never raises: a malformed argument takes that path, whose validation
+    then raises on every rank.
+    """
+    try:
+        mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
+        if dst_mesh is not None:
+            dst_mesh = dst_mesh if isinstance(dst_mesh, Mesh) else Mesh(dst_mesh)
+            if dst_mesh != mesh:
+                return True
+        if comm_size is None or mesh.ranks is None:
+            return False
+        return mesh.auto or sorted(mesh.device_ranks()) != list(range(comm_size))
+    except (ValueError, TypeError):
+        return True
 
 
 def _cuts(mesh):
@@ -236,13 +260,13 @@ class CrossPlan:
         return json.dumps(self.to_dict(), **kwargs)
 
     def explain(self):
-        from .plans import _bytes
+        from .plans import format_bytes
         return "\n".join([
             f"Exchange {self.src} on mesh {self.src_mesh} -> {self.dst} on mesh "
             f"{self.dst_mesh}: {list(self.global_shape)} {self.dtype}, "
-            f"{self.comm_size} ranks, W = {_bytes(self.workspace)}",
-            f"  sends {_bytes(self.bytes_total)} in all; at most {_bytes(self.bytes_sent_max)}"
-            f" sent and {_bytes(self.bytes_received_max)} received by one rank",
+            f"{self.comm_size} ranks, W = {format_bytes(self.workspace)}",
+            f"  sends {format_bytes(self.bytes_total)} in all; at most {format_bytes(self.bytes_sent_max)}"
+            f" sent and {format_bytes(self.bytes_received_max)} received by one rank",
             f"  point-to-point messages, pipelined: at most {self.peers} peer(s) and "
             f"{self.parts} part(s) per rank, packed parts of {self.part_items} item(s)",
             "  memory: target block + W on every rank (S = 0 off the source mesh, "

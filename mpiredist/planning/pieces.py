@@ -36,7 +36,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from ..core.blocks import block_index, box_size, contiguous_box, overlap, rank_block
+from ..core.blocks import block_index, box_size, contiguous_in, overlap, rank_block
 from ..core.layout import Layout
 from ..core.mesh import Mesh
 from ..core.subaxes import SubLayout, expand, rank_digits
@@ -185,13 +185,6 @@ def _classes(holders, block, target):
 
 def _direct(piece, sbox, tbox, combined):
     return not combined and contiguous_in(piece, sbox) and contiguous_in(piece, tbox)
-
-
-def contiguous_in(piece, box):
-    """True if the global box ``piece`` is one contiguous stretch of a C-order block ``box``."""
-    return contiguous_box([hi - lo for lo, hi in box], [p - b for (p, _), (b, _) in
-                                                      zip(piece, box)],
-                          [hi - lo for lo, hi in piece])
 
 
 def recv_pieces(q, sources, targets, holders=None):

@@ -20,6 +20,7 @@ Strategies:
 
 import itertools
 import math
+import operator
 from functools import lru_cache
 
 import numpy as np
@@ -40,7 +41,7 @@ from .views import node_views
 from ..core.topology import Topology
 from ..core.subaxes import expand, group_size
 
-__all__ = ["plan", "STRATEGIES"]
+__all__ = ["shape_of", "validate_sides", "check_reducible", "predicted_seconds", "plan", "STRATEGIES"]
 
 STRATEGIES = ("collectives", "replicate", "direct")
 
@@ -100,7 +101,7 @@ def plan(global_shape, dtype, mesh, src, dst, strategy="collectives", allow_exch
     >>> [s.op for s in p.steps]
     ['all_to_all']
     """
-    if _between(mesh, dst_mesh):
+    if crossmesh.between(mesh, dst_mesh):
         return _plan_between(global_shape, dtype, mesh, src, dst, strategy, dst_mesh, topology)
     shape, dtype, mesh, src, dst = validate(global_shape, dtype, mesh, src, dst)
     if strategy not in STRATEGIES:
@@ -117,45 +118,43 @@ def plan(global_shape, dtype, mesh, src, dst, strategy="collectives", allow_exch
                  bool(allow_exchange), profile, topology)
 
 
-def _between(mesh, dst_mesh):
-    """True unless the plan is on one mesh (whatever its ranks: a plan is over
-    devices); bad meshes raise later."""
-    if dst_mesh is None:
-        return False
-    try:
-        mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
-        return (dst_mesh if isinstance(dst_mesh, Mesh) else Mesh(dst_mesh)) != mesh
-    except (ValueError, TypeError):
-        return True
-
-
 def _plan_between(global_shape, dtype, mesh, src, dst, strategy, dst_mesh, topology=None):
     """:func:`plan` between two meshes: the refined mesh's Plan, or a CrossPlan;
     ``topology`` (of the communicator's ranks) orders a ``ranks="auto"`` target."""
     target = mesh if dst_mesh is None else dst_mesh
     target = target if isinstance(target, Mesh) else Mesh(target)
-    shape, dtype, mesh, src, _ = validate(global_shape, dtype, mesh, src, src)
-    _, _, target, dst, _ = validate(shape, dtype, target, dst, dst)
+    size = None if target.auto else crossmesh.comm_size_of(
+        mesh if isinstance(mesh, Mesh) else Mesh(mesh), target)
+    shape, dtype, mesh, src, target, dst = validate_sides(global_shape, dtype, mesh, src,
+                                                          target, dst, size)
+    mesh, target = mesh.abstract(), target.abstract()
     if target.auto:
         target = crossmesh.relabel(shape, mesh, src, target, dst, max(
             target.size, crossmesh.comm_size_of(mesh)), topology)
-    size = crossmesh.comm_size_of(mesh, target)
-    mesh.check_ranks(size, "source")
-    target.check_ranks(size, "target")
+        size = crossmesh.comm_size_of(mesh, target)
     found = crossmesh.route(mesh, src, target, dst, size)
     if found is not None:                   # one mesh over every rank in order
         return plan(shape, dtype, *found, strategy, topology=topology)
     return crossmesh.cross_plan(shape, dtype, mesh, src, target, dst, size)
 
 
+def shape_of(global_shape):
+    """``global_shape`` as a tuple of ints; ShapeError for anything but a sequence
+    of integers (a float is refused, as numpy refuses it, never truncated)."""
+    try:
+        return tuple(operator.index(n) for n in global_shape)
+    except TypeError:
+        found = [n for n in global_shape] if hasattr(global_shape, "__iter__") else []
+        bad = next((n for n in found if not hasattr(n, "__index__")), global_shape)
+        raise ShapeError(f"global shape {global_shape!r} is not a sequence of integers "
+                         f"(found {bad!r})") from None
+
+
 def validate(global_shape, dtype, mesh, src, dst):
     """Normalise and check the arguments of :func:`plan`; return them."""
     mesh = Mesh(mesh).abstract() if not isinstance(mesh, Mesh) else mesh.abstract()
     src, dst = Layout.parse(src), Layout.parse(dst)
-    try:
-        shape = tuple(int(n) for n in global_shape)
-    except (TypeError, ValueError):
-        raise ShapeError(f"global shape {global_shape!r} is not a sequence of integers") from None
+    shape = shape_of(global_shape)
     if any(n < 0 for n in shape):
         raise ShapeError(f"global shape {shape} has a negative length")
     try:
@@ -173,7 +172,7 @@ def validate(global_shape, dtype, mesh, src, dst):
     if dst.partial and src.op != dst.op:
         raise PlanError(f"source {src} and target {dst} reduce with different ops")
     if any(a not in dst.partial for a in src.partial):
-        _check_reducible(dtype, src)
+        check_reducible(dtype, src)
     return shape, dtype, mesh, src, dst
 
 
@@ -183,6 +182,28 @@ def validate(global_shape, dtype, mesh, src, dst):
 # reduced by numpy from pipelined parts in a fixed order.
 REDUCIBLE = "?bhilqBHILQfdFD"
 _UFUNCS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def validate_sides(global_shape, dtype, mesh, src, dst_mesh, dst, comm_size=None):
+    """Validate a redistribution between meshes, each side against its own mesh
+    (the one place every route checks them); return ``(shape, dtype, mesh,
+    src, dst_mesh, dst)`` with the meshes as given (their communicators kept).
+
+    ``comm_size``: the ranks of the communicator both meshes live on; each
+    mesh's ranks must be distinct ranks of it (a ``ranks="auto"`` target is
+    ordered later, by :func:`mpiredist.planning.crossmesh.relabel`).
+    """
+    mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
+    dst_mesh = dst_mesh if isinstance(dst_mesh, Mesh) else Mesh(dst_mesh)
+    shape, dt, _, s, _ = validate(global_shape, dtype, mesh, src, src)
+    _, _, _, d, _ = validate(shape, dt, dst_mesh, dst, dst)
+    if s.partial and not d.partial:
+        check_reducible(dt, s)
+    if comm_size is not None:
+        mesh.check_ranks(comm_size, "source")
+        if not dst_mesh.auto:
+            dst_mesh.check_ranks(comm_size, "target")
+    return shape, dt, mesh, s, dst_mesh, d
 
 
 def mpi_reduces(dtype):
@@ -199,7 +220,8 @@ def _numpy_combines(dtype, op):
         return False
 
 
-def _check_reducible(dtype, src):
+def check_reducible(dtype, src):
+    """ShapeError unless partial values of ``dtype`` can be reduced by ``src``'s op."""
     if dtype.kind == "c" and src.op in ("max", "min"):
         raise ShapeError(f"layout {src}: {src.op} is not defined for complex dtype {dtype}")
     if not (mpi_reduces(dtype) or _numpy_combines(dtype, src.op)):
@@ -519,6 +541,20 @@ class _Cost:
                                        self.topology)
         return self.profile.step_seconds(op, elems * self.itemsize, rounds, group,
                                          after_elems * self.itemsize, across)
+
+
+def predicted_seconds(plan, profile=None):
+    """The predicted time of ``plan`` under ``profile`` (default the machine
+    profile in use, :func:`mpiredist.planning.profile.current`): the score by
+    which the planner ranks its candidates, so that a caller choosing between
+    layouts (the analytics' broadcasting and ``matmul``) ranks them as the
+    planner does."""
+    profile = profiles.current() if profile is None else profile
+    shape = plan.step_shape
+    start = plan.steps[0].before if plan.steps else expand(plan.src, plan.mesh)
+    moves = [(s.op, s.axes, s.dims, s.after) for s in plan.steps]
+    cost = _Cost(plan.dtype.itemsize, profile, shape, plan.mesh.axes, plan.topology)
+    return _score(shape, start, moves, plan.mesh.axes, cost)[3]
 
 
 def _elems(shape, layout):

@@ -27,7 +27,7 @@ from ..core.layout import Layout
 from ..core.mesh import Mesh
 from ..core.subaxes import SubAxis, SubLayout, group_str  # noqa: F401  (repr namespace)
 
-__all__ = ["Step", "Plan", "OPS"]
+__all__ = ["Step", "Plan", "OPS", "format_bytes"]
 
 OPS = ("slice", "all_gather", "all_to_all", "reduce_scatter", "all_reduce",
        "permute", "exchange")
@@ -165,24 +165,24 @@ class Plan:
             rows.append((str(i), s.op, group_str(s.axes) or "-",
                          ",".join(map(str, s.dims)) or "-",
                          _shape(s.local_shape_before), _shape(s.local_shape_after),
-                         _bytes(s.bytes_sent_per_rank))
-                        + ((_bytes(s.inter_node_bytes_per_rank or 0),) if nodes else ()))
+                         format_bytes(s.bytes_sent_per_rank))
+                        + ((format_bytes(s.inter_node_bytes_per_rank or 0),) if nodes else ()))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
         if not self.steps:
             lines.append("(no steps: source and target blocks are the same)")
         big = max(self.src_local_bytes, self.dst_local_bytes)
         ratio = self.peak_local_bytes / big if big else 1.0
-        tail = (f"\nsource local {_bytes(self.src_local_bytes)}, target local "
-                f"{_bytes(self.dst_local_bytes)}, peak {_bytes(self.peak_local_bytes)} "
-                f"({ratio:.2f} x max)\nsent per rank {_bytes(self.bytes_sent_per_rank)}, "
-                f"lower bound {_bytes(self.lower_bound_bytes_per_rank)}, "
+        tail = (f"\nsource local {format_bytes(self.src_local_bytes)}, target local "
+                f"{format_bytes(self.dst_local_bytes)}, peak {format_bytes(self.peak_local_bytes)} "
+                f"({ratio:.2f} x max)\nsent per rank {format_bytes(self.bytes_sent_per_rank)}, "
+                f"lower bound {format_bytes(self.lower_bound_bytes_per_rank)}, "
                 f"{self.rounds} round(s)")
         if nodes:
             bound = self.inter_node_lower_bound_bytes_per_rank
             tail += (f"\nacross nodes ({self.topology}) per rank "
-                     f"{_bytes(self.inter_node_bytes_per_rank)}, lower bound "
-                     f"{'not computed at this size' if bound is None else _bytes(bound)}")
+                     f"{format_bytes(self.inter_node_bytes_per_rank)}, lower bound "
+                     f"{'not computed at this size' if bound is None else format_bytes(bound)}")
         if self.note:
             tail += f"\nnote: {self.note}"
         return head + "\n".join(lines) + tail
@@ -195,7 +195,8 @@ def _shape(shape):
     return "(" + ",".join(map(str, shape)) + ")"
 
 
-def _bytes(n):
+def format_bytes(n):
+    """``n`` bytes as text: ``"512 B"``, ``"1.50 MiB"``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"

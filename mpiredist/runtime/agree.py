@@ -36,9 +36,9 @@ import numpy as np
 from ..core.errors import MismatchError, MpiredistError, ShapeError, remote
 from ..core.mesh import Mesh
 from ..planning import profile as profiles
-from .comm import base_comm, mpi
+from .groups import base_group, world_group
 
-__all__ = ["agree", "check_together", "fingerprint", "FLAGS"]
+__all__ = ["agree", "check_together", "fingerprint", "Same", "FLAGS"]
 
 # The booleans one agreement carries at most (all agreements have one size).
 FLAGS = 4
@@ -74,21 +74,37 @@ def _digests(what, items):
     return found
 
 
-def agree(comm, what, error=None, same=None, every=None, knows=True):
+class Same:
+    """Values every rank must agree on, with their fingerprint worked out once:
+    what a compiled job passes to :func:`agree` on each run (no formatting
+    or hashing per run)."""
+
+    __slots__ = ("values", "words")
+
+    def __init__(self, what, values):
+        self.values = {k: str(v) for k, v in values.items()}
+        self.words = _digests(what, tuple(sorted(self.values.items())))
+
+    def __repr__(self):
+        return f"Same({self.values!r})"
+
+
+def agree(group, what, error=None, same=None, every=None, knows=True):
     """One small collective: raise on every rank together, or return the AND of ``every``.
 
     Parameters
     ----------
-    comm : mpi4py.MPI.Comm or None
+    group : Group or None
         Every rank of it calls :func:`agree` (None or one rank: local only).
     what : str
         The call, named in messages and in the fingerprint.
     error : Exception or None
         This rank's validation error: raised on this rank if it is the first
         at fault, as the remote class of the first error elsewhere.
-    same : dict, optional
+    same : dict or Same, optional
         Values that must be equal on every rank (by ``str``), else every rank
         raises :class:`~mpiredist.MismatchError` naming the first that differs.
+        A :class:`Same` made with the same ``what`` carries them worked out.
     every : dict of bool, optional
         At most :data:`FLAGS` facts; comes back as ``{key: true on every rank}``.
     knows : bool
@@ -101,29 +117,31 @@ def agree(comm, what, error=None, same=None, every=None, knows=True):
     -------
     dict of bool
     """
-    every = dict(every or {})
+    every = {} if every is None else every
     if len(every) > FLAGS:
         raise ValueError(f"agree({what!r}): at most {FLAGS} flags, given {len(every)}")
-    mine = {k: str(v) for k, v in (same or {}).items()}
-    if comm is None or comm.Get_size() == 1:
+    if group is None or group.size == 1:
         if error is not None:
             raise error
-        return every
-    known, known_not, call, call_not = _digests(what, tuple(sorted(mine.items())))
+        return dict(every)
+    if type(same) is Same:
+        mine, (known, known_not, call, call_not) = same.values, same.words
+    else:
+        mine = {k: str(v) for k, v in (same or {}).items()}
+        known, known_not, call, call_not = _digests(what, tuple(sorted(mine.items())))
     bits = int(error is not None)
     for i, f in enumerate(every.values()):
         bits |= (not f) << (i + 1)          # set where the fact is false on this rank
     # a rank that does not know the values leaves their bits 0: OR ignores it
     values = np.array([bits, known if knows else call, known_not if knows else call_not],
                       dtype=np.uint64)
-    MPI = mpi()
-    comm.Allreduce(MPI.IN_PLACE, values, op=MPI.BOR)
+    group.bitwise_or(values)
     bits = int(values[0])
     if not bits & 1 and not int(values[1]) & int(values[2]):
         return {k: not bits >> (i + 1) & 1 for i, k in enumerate(every)}
     text = None if error is None else (type(error).__name__, str(error))
-    gathered = comm.allgather((text, what, mine if knows else None))   # find the culprit
-    _raise(gathered, error, what, comm.Get_rank())
+    gathered = group.allgather_object((text, what, mine if knows else None))   # the culprit
+    _raise(gathered, error, what, group.rank)
     raise AssertionError("unreachable: ranks disagreed but nothing was raised")
 
 
@@ -195,11 +213,11 @@ def check_together(what, mesh, body, every=None):
     """
     try:
         mesh = mesh if isinstance(mesh, Mesh) else Mesh(mesh)
-        comm = base_comm(mesh)
+        group = base_group(mesh)
     except ValueError as exc:
-        agree(mpi().COMM_WORLD, what, exc)
+        agree(world_group(), what, exc)
         raise
-    rank = comm.Get_rank()
+    rank = group.rank
     result, values, error = None, {}, None
     try:
         result, values = body(mesh, rank)
@@ -211,5 +229,5 @@ def check_together(what, mesh, body, every=None):
     except (TypeError, AttributeError) as exc:
         error = ShapeError(f"rank {rank}: {what}: argument of the wrong type: {exc}")
     # every rank sends the same flags, also a rank whose body failed (result None)
-    flags = agree(comm, what, error, values, every(result) if every is not None else {})
+    flags = agree(group, what, error, values, every(result) if every is not None else {})
     return (mesh, result, flags) if every is not None else (mesh, result)

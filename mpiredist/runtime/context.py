@@ -1,35 +1,35 @@
-"""What a Transfer keeps on this rank between runs: :class:`Context`.
+"""What a compiled run keeps on this rank between runs: :class:`Context` and :class:`Keep`.
 
-A :class:`Context` belongs to one :class:`~mpiredist.runtime.transfer.Transfer`
-(or :class:`~mpiredist.runtime.exchange.Exchange` owner) and lives as long
-as it: the communicator, the element datatype, the count limit, the
-pooled buffers of repeated runs, the datatypes a step makes (freed after
-it), and each step's geometry (which boxes go to which member, Python over
-the group or the mesh), computed on the first run and reused instead of
-living in module-level caches.  :meth:`Context.free` releases its MPI
-datatypes; it never communicates.
+A :class:`Context` belongs to one compiled redistribution (a Transfer's
+variant, an :class:`~mpiredist.runtime.exchange.Exchange`) and lives as
+long as it: the group its messages use, the element type, the pooled
+buffers of repeated runs, and each step's geometry (which boxes go to which
+member), computed on the first run and reused instead of living in
+module-level caches.  It holds no resource of a transport (the transport
+frees what a call needs itself), so :meth:`Context.free` only drops
+references.
+
+:class:`Keep` is the one store of what a compiled redistribution keeps
+between runs (its contexts, staged exchanges, pooled and scratch buffers),
+by key, released together by :meth:`Keep.free`.
 """
-
-import math
 
 import numpy as np
 
-from ..core.backend import c_contiguous, combiner, device_dtype
+from ..core.backend import combiner, device_dtype
 from ..planning.pieces import REDUCERS
-from .comm import mpi
-from .collectives import count_limit
 from .failure import fault
 
-__all__ = ["Context"]
+__all__ = ["Context", "Keep"]
 
 
 class Context:
-    """State of one Transfer on this rank, shared by its runs.
+    """State of one compiled run on this rank, shared by its runs.
 
     Parameters
     ----------
-    comm : mpi4py.MPI.Comm
-        The communicator the run's point-to-point messages use.
+    group : Group
+        The group the run's point-to-point messages use.
     dtype : numpy dtype
         The dtype of the values (``values``).  The arrays hold it as
         :attr:`dtype`: the same, but for device values, which hold bfloat16
@@ -38,29 +38,31 @@ class Context:
         ``numpy`` or ``cupy``: the library of the arrays (an exchange's run
         sets it to its arrays' library).
     plan : Plan, optional
-    mc : MeshComm, optional
-        The plan's mesh communicators (sub-communicators of its steps).
+    groups : MeshGroups, optional
+        The plan's mesh groups (the sub-groups its steps run on).
     staged : bool
-        Device values whose every part goes through host rings (the MPI
-        library is not CUDA-aware).
+        Device values whose every part goes through host rings (the
+        transport does not take device buffers).
     """
 
-    def __init__(self, comm, dtype, xp=np, plan=None, mc=None, staged=False):
-        self.MPI = mpi()
-        self.comm, self.plan, self.mc, self.xp = comm, plan, mc, xp
+    def __init__(self, group, dtype, xp=np, plan=None, groups=None, staged=False):
+        self.group, self.plan, self.groups = group, plan, groups
         self.values = np.dtype(dtype)
         self._held = device_dtype(dtype)        # on the device
         self.itemsize = self.values.itemsize
-        self.elem = self.MPI.BYTE.Create_contiguous(self.itemsize).Commit()
-        self.types = []
-        self.pool = None        # buffers kept between runs (a dict), or None
-        self.staged = staged    # device arrays, rings on the host (MPI not CUDA-aware)
+        self.pool = None        # step outputs kept between runs (a dict: runs into out=), or None
+        self._scratch = None    # the pack buffer, kept between runs (at most W)
+        self.keep_scratch = True    # out of place: keep it; the one-buffer strategy: not
+        self.staged = staged    # device arrays, rings on the host
+        # messages may be boxes of larger arrays (the transport's datatypes)
+        self.strided = group.strided and not staged
         self.current = None     # index of the step running
-        self.count_limit = count_limit(self.MPI)
+        self.count_limit = group.count_limit
         self.reduce_room = 1 << 62  # bytes a reduction call may carry (set from W)
         self.routes = {}        # per-step geometry, computed on the first run
-        self.calls = 0          # MPI calls that moved data (see StepRecord)
-        self.fault = fault(comm.Get_rank())     # tests only (runtime.failure)
+        self.calls = 0          # transport calls that moved data (see StepRecord)
+        self.fault = fault(group.rank)          # tests only (runtime.failure)
+        self.use(xp)
 
     def __repr__(self):
         return f"Context({self.dtype}, plan={self.plan is not None}, routes={len(self.routes)})"
@@ -73,15 +75,13 @@ class Context:
             found = self.routes[key] = make()
         return found
 
-    @property
-    def device(self):
-        """True for device values: CuPy arrays, or a staged run's host rings."""
-        return self.staged or self.xp is not np
-
-    @property
-    def dtype(self):
-        """The dtype the arrays hold (device bfloat16: int16)."""
-        return self._held if self.device else self.values
+    def use(self, xp):
+        """Run on arrays of library ``xp`` (numpy or CuPy): sets ``xp``, ``device``
+        (device values: CuPy arrays, or a staged run's host rings) and
+        ``dtype`` (what the arrays hold: device bfloat16 as int16)."""
+        self.xp = xp
+        self.device = self.staged or xp is not np
+        self.dtype = self._held if self.device else self.values
 
     def combiner(self, op):
         """The function that combines partial values by partial op ``op``
@@ -102,57 +102,77 @@ class Context:
         return found
 
     def scratch(self, count, dtype=None):
-        """A pack buffer of ``count`` elements of ``dtype`` (default the Transfer's):
-        new, or a view of the kept one when pooling."""
+        """A pack buffer of ``count`` elements of ``dtype`` (default the run's).
+
+        The kept-buffer policy of the package: a run out of place keeps its
+        pack buffer (at most W) between runs, grown when a run needs more,
+        until the owner is freed, and its step outputs too when runs pass
+        ``out=``; a run in one buffer (``keep_scratch`` False) keeps nothing,
+        since every temporary there shares half of W with the kernels'.
+        """
         dtype = self.dtype if dtype is None else np.dtype(dtype)
         xp = np if self.staged else self.xp
-        if self.pool is None:
+        if not self.keep_scratch:
             return xp.empty(count, dtype=dtype)
         nbytes = count * dtype.itemsize
-        found = self.pool.get("scratch")
-        if found is None or found.size < nbytes:
-            found = self.pool["scratch"] = None
-            found = self.pool["scratch"] = xp.empty(nbytes, dtype=np.uint8)
+        found = self._scratch
+        if found is None or found.size < nbytes or not isinstance(found, xp.ndarray):
+            found = self._scratch = None
+            found = self._scratch = xp.empty(nbytes, dtype=np.uint8)
         return found[:nbytes].view(dtype)
 
-    # ---------------------------------------------------------- datatypes
+    def free_scratch(self):
+        """Drop the kept pack buffer."""
+        self._scratch = None
 
-    def keep(self, datatype):
-        """``datatype`` (committed), freed after the running step."""
-        self.types.append(datatype)
-        return datatype
-
-    def subarray(self, region, box=None):
-        """``(count, datatype)`` for ``box`` (relative to ``region``) inside its base."""
-        if box is None:
-            rel, shape = (0,) * len(region.shape), region.shape
-        else:
-            rel, shape = box
-        if math.prod(shape) == 0:
-            return 0, self.elem
-        if not region.base.ndim:
-            return 1, self.elem
-        starts = [a + b for a, b in zip(region.starts, rel)]
-        return 1, self.keep(self.elem.Create_subarray(list(region.base.shape), list(shape),
-                                                      starts).Commit())
-
-    def whole(self, region):
-        """Buffer spec of all of ``region``: plain bytes when it is contiguous in memory."""
-        from .collectives import message
-        view = region.view()
-        if c_contiguous(view):
-            return message(self, view, view.size * self.itemsize)
-        return [region.base, *self.subarray(region)]
-
-    def free_types(self):
-        for t in self.types:
-            t.Free()
-        self.types.clear()
+    @property
+    def kept_bytes(self):
+        """Bytes this context keeps between runs: its scratch and pooled outputs."""
+        pooled = sum(a.nbytes for a in (self.pool or {}).values())
+        return pooled + (0 if self._scratch is None else self._scratch.nbytes)
 
     def free(self):
-        """Free every datatype this context holds (local; no communication)."""
-        self.free_types()
-        if self.elem is not None:
-            self.elem.Free()
-            self.elem = None
+        """Drop the kept geometry and buffers (local; no communication)."""
         self.routes.clear()
+        self.pool = self._scratch = None
+
+
+class Keep:
+    """What a compiled redistribution keeps between runs, by key (see the module doc)."""
+
+    __slots__ = ("_found",)
+
+    def __init__(self):
+        self._found = {}
+
+    def get(self, key, make):
+        """``self[key]``, made by ``make()`` when missing."""
+        found = self._found.get(key)
+        if found is None:
+            found = self._found[key] = make()
+        return found
+
+    def __contains__(self, key):
+        return key in self._found
+
+    def __getitem__(self, key):
+        return self._found[key]
+
+    def __setitem__(self, key, value):
+        self._found[key] = value
+
+    def pop(self, key, default=None):
+        return self._found.pop(key, default)
+
+    def values(self):
+        return list(self._found.values())
+
+    def free(self):
+        """Release everything kept (each object's ``free()`` where it has one)."""
+        found, self._found = self._found, {}
+        for obj in found.values():
+            if hasattr(obj, "free"):
+                obj.free()
+
+    def __repr__(self):
+        return f"Keep({sorted(map(str, self._found))})"

@@ -1,6 +1,6 @@
 """The one exchange engine: pieces of one array moved into another, pipelined.
 
-Every move of data between ranks that is not a single MPI collective goes
+Every move of data between ranks that is not a single collective goes
 through :func:`move`: the all-to-alls and strided all-gathers of a plan,
 its reductions by parts, its ``exchange`` steps, the one-buffer swaps and
 permutes, and :class:`Exchange` -- the compiled exchange between any two
@@ -14,11 +14,12 @@ for collectives).  Each piece is cut into parts (:func:`parts
 ends; a *whole* piece only at the count limit), and parts are posted in
 the order ``(part index, key)`` through the pipeline of
 :mod:`mpiredist.runtime.p2p`, which matches every send with its receive
-under one tag and cannot deadlock.  At each end a part is sent from, or
-received into, its array directly when it is one contiguous run of it;
-otherwise it is packed into a ring (at most ``room`` elements for the two
-sides together), or, when it does not fit, described by a subarray
-datatype.  Receives that *combine* (partial sums) always go through the
+and cannot deadlock.  At each end a part is sent from, or received into,
+its array directly when it is one contiguous run of it; otherwise it is
+packed into a ring (at most ``room`` elements for the two sides together),
+or, when it does not fit and the transport takes boxes of arrays (MPI's
+subarray datatypes), sent as a :class:`~mpiredist.runtime.transport.Strided`
+box.  Receives that *combine* (partial sums) always go through the
 ring and are applied with the reducer in key order, so replicated results
 are bitwise equal; this rank's own piece takes its place in that order.
 
@@ -28,21 +29,34 @@ types 170 ms, packed moves 19 ms, a bare Alltoall 10 ms), hence the rings.
 """
 
 import math
+import time
 from collections import namedtuple
+from dataclasses import dataclass
 
-from ..core.backend import array_module, c_contiguous, synchronize
-from ..core.blocks import box_shape, contiguous_box, flat_offset
+import numpy as np
+
+from ..core.backend import array_module, c_contiguous, cupy_or_error, device_dtype, synchronize
+from ..core.blocks import box_index, box_shape, contiguous_box, flat_offset, relative
 from ..planning.budget import MARGIN
 from ..planning.pieces import (Holders, iter_parts, part_limit, recv_pieces,
                                send_pieces)
 from . import p2p
+from .memory import Region
+from .transport import Strided
 
-__all__ = ["Send", "Recv", "move", "move_once", "Exchange", "ONE_CALL_MAX"]
+__all__ = ["Send", "Recv", "move", "Exchange", "part_elements", "StepRecord"]
 
-# Blocks up to this size may go in one Alltoall(v) (move_once): where a
-# message costs more than moving its bytes.  Measured at 8 ranks on 2 cores,
-# 4 KiB blocks: rounds of Isend/Irecv 1.3 ms, one Alltoallv 0.8 ms.
-ONE_CALL_MAX = 256 << 10
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """What one step (or one exchange) did on this rank: bytes sent to other
+    ranks, time, and the transport calls that move data (each collective
+    call, and each point-to-point send or receive posted, counts one)."""
+
+    op: str
+    bytes_sent: int
+    seconds: float
+    calls: int = 0
 
 Send = namedtuple("Send", "key peer box whole")
 Send.__doc__ = """A piece to send: ``box`` ``(starts, shape)`` relative to the source
@@ -54,10 +68,10 @@ Recv.__doc__ = """A piece to receive: ``box`` relative to the target region;
 piece, its box in the source region (no message)."""
 
 
-def move(ctx, comm, sends, recvs, source, target, limit, room, reducer=None, paired=False,
+def move(ctx, group, sends, recvs, source, target, limit, room, reducer=None, paired=False,
          halves=False, posted=p2p.MAX_POSTED):
     """Move ``sends`` (boxes of ``source``) to their peers and ``recvs`` into
-    ``target`` (both :class:`~mpiredist.runtime.memory.Region`) on ``comm``.
+    ``target`` (both :class:`~mpiredist.runtime.memory.Region`) on ``group``.
 
     ``limit``: elements per part (agreed); ``room``: ring elements of both
     sides together (shared by the sides that pack here, or half each with
@@ -66,7 +80,7 @@ def move(ctx, comm, sends, recvs, source, target, limit, room, reducer=None, pai
     overwrites only what sends 0..i read, see :func:`mpiredist.runtime.p2p.run`);
     ``posted``: parts in flight per side, at most.
     """
-    me = comm.Get_rank()
+    me = group.rank
     dtype = _dtype(source, target)
     if dtype is None:                       # no block here: nothing to move
         return
@@ -75,7 +89,7 @@ def move(ctx, comm, sends, recvs, source, target, limit, room, reducer=None, pai
     local = [r for r in recvs if r.own is not None]
     if reducer is None and not paired:
         for r in local:                     # nothing to combine: copied up front
-            target.view()[_index(r.box)] = source.view()[_index(r.own)]
+            target.view()[box_index(r.box)] = source.view()[box_index(r.own)]
         recvs = [r for r in recvs if r.own is None]
     sends = [s for s in sends if s.peer != me]
     if not sends and not recvs:             # every piece this rank's own: no messages
@@ -89,67 +103,25 @@ def move(ctx, comm, sends, recvs, source, target, limit, room, reducer=None, pai
         synchronize(source.base)
 
     def received(piece, box):
-        view = target.view()[_index(box)]
+        view = target.view()[box_index(box)]
         combine = (lambda t, d: reducer(t, d, out=t)) if piece.combine else None
         if piece.own is not None:
             shift = tuple(a - b for a, b in zip(box[0], piece.box[0]))
             own = (tuple(a + b for a, b in zip(piece.own[0], shift)), box[1])
-            return p2p.Part(me, view=view, value=source.view()[_index(own)], combine=combine)
+            return p2p.Part(me, view=view, value=source.view()[box_index(own)], combine=combine)
         if combine is not None or paired:       # applied from the ring, in order
             return p2p.Part(piece.peer, view=view, combine=combine)
         return _part(ctx, piece.peer, target, box, recv_room)
 
-    ctx.calls += p2p.run(ctx.MPI, comm,
+    ctx.calls += p2p.run(group,
                          (_part(ctx, s.peer, source, box, send_room) for s, box in send_seq),
                          (received(r, box) for r, box in recv_seq), send_buffer, recv_buffer,
                          paired=paired, posted=posted)
 
 
-def move_once(ctx, comm, sends, recvs, source, target, even):
-    """Every piece but this rank's own in one ``Alltoall`` (``even``: all pieces
-    one size) or ``Alltoallv``, both sides packed: for small blocks, where
-    MPI's own algorithm combines messages (MPICH's small-message Alltoall
-    takes log2 G rounds; at 8 ranks, 4 KiB blocks, c01 1.18 ms in rounds of
-    Isend/Irecv, 0.74 ms so).  Needs both packed sides in the scratch room."""
-    n, me = comm.Get_size(), comm.Get_rank()
-    dtype = _dtype(source, target)
-    size = dtype.itemsize
-    for r in recvs:
-        if r.own is not None:
-            target.view()[_index(r.box)] = source.view()[_index(r.own)]
-    out = {s.peer: s for s in sends if s.peer != me}
-    into = {r.peer: r for r in recvs if r.own is None}
-    if even:
-        count = max([math.prod(x.box[1]) for x in [*out.values(), *into.values()]] + [0])
-        send_counts, recv_counts = [count] * n, [count] * n
-    else:
-        send_counts = [math.prod(out[p].box[1]) if p in out else 0 for p in range(n)]
-        recv_counts = [math.prod(into[p].box[1]) if p in into else 0 for p in range(n)]
-    send_at, recv_at = _offsets(send_counts), _offsets(recv_counts)
-    packed = ctx.scratch(sum(send_counts) + sum(recv_counts), dtype)
-    back = packed[sum(send_counts):]
-    src = source.view()
-    for p, s in out.items():
-        k = math.prod(s.box[1])
-        packed[send_at[p]:send_at[p] + k].reshape(s.box[1])[...] = src[_index(s.box)]
-    synchronize(packed)
-    B = ctx.MPI.BYTE
-    ctx.calls += 1
-    if even:
-        unit = count * size
-        comm.Alltoall([packed, unit, B], [back, unit, B])
-    else:
-        comm.Alltoallv([packed, [c * size for c in send_counts], [a * size for a in send_at], B],
-                       [back, [c * size for c in recv_counts], [a * size for a in recv_at], B])
-    dst = target.view()
-    for p, r in into.items():
-        k = math.prod(r.box[1])
-        dst[_index(r.box)] = back[recv_at[p]:recv_at[p] + k].reshape(r.box[1])
-
-
 def part_elements(ctx, limit, itemsize):
     """Elements per part as :func:`move` cuts them: at most ``limit`` and within
-    MPI's count limit (at least one)."""
+    the transport's count limit (at least one)."""
     return max(1, min(limit, ctx.count_limit // itemsize))
 
 
@@ -216,8 +188,8 @@ def _packs(ctx, region, piece, box, paired=False):
 
 
 def _straight(ctx, region, box):
-    """True if the part goes to MPI straight from (or into) its array: one run
-    of it, and not a device array staged through host rings."""
+    """True if the part goes to the transport straight from (or into) its array:
+    one run of it, and not a device array staged through host rings."""
     return not ctx.staged and _is_run(region, box)
 
 
@@ -238,19 +210,18 @@ def _buffers(ctx, dtype, send_room, recv_room):
 
 
 def _part(ctx, peer, region, box, room):
-    """A :class:`p2p.Part` for ``box`` of ``region``: straight bytes, a view to
-    pack through the ring, or a datatype when it does not fit (staged: always
-    the ring, whose parts are cut to fit it)."""
+    """A :class:`p2p.Part` for ``box`` of ``region``: its straight bytes, a view to
+    pack through the ring, or a Strided box when it does not fit and the
+    transport takes one (otherwise always the ring, whose parts are cut to
+    fit it)."""
+    rel, shape = box
     if _straight(ctx, region, box):
-        rel, shape = box
-        size = region.base.dtype.itemsize
-        starts = [a + b for a, b in zip(region.starts, rel)]
-        offset = flat_offset(region.base.shape, starts) * size
-        return p2p.Part(peer, spec=[region.base, (math.prod(shape) * size, offset),
-                                    ctx.MPI.BYTE])
-    if math.prod(box[1]) <= room or ctx.staged:
-        return p2p.Part(peer, view=region.view()[_index(box)])
-    return p2p.Part(peer, spec=[region.base, *ctx.subarray(region, box)])
+        start = flat_offset(region.base.shape, [a + b for a, b in zip(region.starts, rel)])
+        return p2p.Part(peer, spec=region.flat[start:start + math.prod(shape)])
+    if math.prod(shape) <= room or not ctx.strided:
+        return p2p.Part(peer, view=region.view()[box_index(box)])
+    return p2p.Part(peer, spec=Strided(region.base, [a + b for a, b in
+                                                     zip(region.starts, rel)], shape))
 
 
 def _is_run(region, box):
@@ -260,22 +231,6 @@ def _is_run(region, box):
     starts = [a + b for a, b in zip(region.starts, rel)]
     return bool(math.prod(shape)) and c_contiguous(region.base) and \
         contiguous_box(region.base.shape, starts, shape)
-
-
-def _offsets(counts):
-    out, at = [], 0
-    for c in counts:
-        out.append(at)
-        at += c
-    return out
-
-
-def _index(box):
-    """The index of a box (a view, also of a 0-d array)."""
-    starts, shape = box
-    if not shape:
-        return (Ellipsis,)
-    return tuple(slice(s, s + k) for s, k in zip(starts, shape))
 
 
 def _shift(piece, part):
@@ -289,7 +244,7 @@ class Exchange:
     Parameters
     ----------
     ctx : Context
-        The owner's MPI context (communicator, element datatype, scratch).
+        The owner's context (group, element type, scratch).
     sources, targets : list
         Per communicator rank a :class:`~mpiredist.planning.pieces.Source`
         or :class:`~mpiredist.planning.pieces.Target`, or None; the same on
@@ -311,8 +266,8 @@ class Exchange:
     """
 
     def __init__(self, ctx, sources, targets, workspace, op="sum", views=False, rank=None):
-        self.ctx, self.comm = ctx, ctx.comm
-        me = ctx.comm.Get_rank() if rank is None else rank
+        self.ctx, self.group, self.views = ctx, ctx.group, views
+        me = ctx.group.rank if rank is None else rank
         n = len(targets)
         holders = Holders(sources)
         mine, self.target = sources[me] if me < len(sources) else None, targets[me]
@@ -321,13 +276,13 @@ class Exchange:
         self.workspace = workspace
         self.op = op
         self.sends = [Send((x.cls, (x.peer - me) % n, x.box), x.peer,
-                           _relative(x.box, self.src_box), x.direct and not views)
+                           relative(x.box, self.src_box), x.direct and not views)
                       for x in send_pieces(me, sources, targets, holders)]
         recvs = recv_pieces(me, sources, targets, holders)
         self.combines = any(not x.first for x in recvs)
         self.recvs = [Recv((x.cls, (me - x.peer) % n, x.box), x.peer,
-                           _relative(x.box, self.dst_box), x.direct and not views, not x.first,
-                           _relative(x.box, self.src_box) if x.peer == me else None)
+                           relative(x.box, self.dst_box), x.direct and not views, not x.first,
+                           relative(x.box, self.src_box) if x.peer == me else None)
                       for x in recvs]
         limit = part_limit(ctx.itemsize, workspace, (True, True))
         if limit == math.inf:                   # a tiny W: parts of a ring each
@@ -352,7 +307,7 @@ class Exchange:
             * ctx.itemsize
 
     def free(self):
-        """Free the datatypes of its context (local, no communication)."""
+        """Drop what its context keeps (local, no communication)."""
         self.ctx.free()
 
     @property
@@ -363,17 +318,38 @@ class Exchange:
     def target_shape(self):
         return None if self.dst_box is None else box_shape(self.dst_box)
 
+    def fill(self, local, out, device=False, records=None):
+        """Run from ``local`` into ``out``, or into a new array of the block's
+        library (on the device for ``device``) made here; return it.  A block
+        that is not C-contiguous is copied first unless the exchange takes
+        views (one block more).  ``records``, if a list, receives one
+        ``StepRecord("exchange", ...)``: the bytes this rank sends to other
+        ranks, the time and the transport calls that moved data."""
+        t0, calls = time.perf_counter(), self.ctx.calls
+        if local is not None and not self.views and not local.flags.c_contiguous:
+            local = array_module(local).ascontiguousarray(local)
+        if out is None and self.target_shape is not None:
+            xp = array_module(local) if local is not None else (
+                cupy_or_error() if device else np)
+            dtype = self.ctx.values
+            out = xp.empty(self.target_shape, dtype if xp is np else device_dtype(dtype))
+        self.run(local, out)
+        if records is not None:
+            records.append(StepRecord("exchange", self.bytes_sent, time.perf_counter() - t0,
+                                      self.ctx.calls - calls))
+        return out
+
     def run(self, local, out):
         """Fill ``out`` (this rank's target block, or None) from ``local`` (or None);
-        collective over the communicator."""
-        from .memory import Region
+        collective over the group."""
         ctx = self.ctx
         xp = array_module(out if out is not None else local) if (
             out is not None or local is not None) else None
         source = Region(local) if local is not None else _EMPTY
         target = Region(out) if out is not None else _EMPTY
-        ctx.xp = xp or ctx.xp           # the run's arrays: host or device
-        move(ctx, self.comm, self.sends, self.recvs, source, target, self.limit, self.room,
+        if xp is not None and xp is not ctx.xp:
+            ctx.use(xp)                 # the run's arrays: host or device
+        move(ctx, self.group, self.sends, self.recvs, source, target, self.limit, self.room,
              ctx.combiner(self.op) if self.combines else None, halves=True,
              posted=self.posted)
 
@@ -390,10 +366,3 @@ class _Nothing:
 
 _EMPTY = _Nothing()
 
-
-def _relative(box, block):
-    """``(starts, shape)`` of global ``box`` inside ``block``."""
-    if block is None:
-        return None
-    return (tuple(lo - b for (lo, _), (b, _) in zip(box, block)),
-            tuple(hi - lo for lo, hi in box))

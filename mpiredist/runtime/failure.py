@@ -7,11 +7,11 @@ exception on one rank (an MPI error, a ``MemoryError`` while packing, a
 :func:`guard` catches any exception escaping such a run, writes one message
 to stderr naming the rank, the call, the step and the exception (with its
 traceback), flushes stdout and stderr and waits until the launcher has read
-them, and calls ``MPI_Abort`` on
-the communicator: the launcher then ends the whole job (``mpiexec``,
-``mpirun``; under Slurm also with ``srun --kill-on-bad-exit``), as ``python
--m mpi4py`` does for an uncaught exception.  The rank never returns to the
-program (it exits should ``MPI_Abort`` return).
+them, and aborts the group (:meth:`Group.abort
+<mpiredist.runtime.transport.Group.abort>`: ``MPI_Abort`` over MPI): the
+launcher then ends the whole job (``mpiexec``, ``mpirun``; under Slurm also
+with ``srun --kill-on-bad-exit``), as ``python -m mpi4py`` does for an
+uncaught exception.  The rank never returns to the program.
 
 ``MPIREDIST_ON_FAILURE=raise`` keeps the exception instead, for programs
 that handle failures themselves (ULFM, tests): the other ranks are then
@@ -55,21 +55,21 @@ def _where(exc):
     return getattr(exc, "mpiredist_step", None)
 
 
-def guard(comm, what, run, *args):
-    """``run(*args)``, aborting the job on ``comm`` if it raises (see module doc)."""
+def guard(group, what, run, *args):
+    """``run(*args)``, aborting the job on ``group`` if it raises (see module doc)."""
     try:
         return run(*args)
     except BaseException as exc:
         if on_failure() == "raise":
             raise
-        abort(comm, what, exc)
+        abort(group, what, exc)
 
 
-def abort(comm, what, exc, code=1):
+def abort(group, what, exc, code=1):
     """Write what failed where, flush stdout and stderr and wait (at most 2 s in
-    all) until the launcher has read them (:func:`delivered`), then ``MPI_Abort``
-    on ``comm``; never returns."""
-    rank, size = comm.Get_rank(), comm.Get_size()
+    all) until the launcher has read them (:func:`delivered`), then abort
+    ``group`` (:meth:`~mpiredist.runtime.transport.Group.abort`); never returns."""
+    rank, size = group.rank, group.size
     step = _where(exc)
     where = f", step {step}" if step else ""
     lines = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -82,11 +82,8 @@ def abort(comm, what, exc, code=1):
     deadline = time.monotonic() + WAIT
     for stream in (sys.stdout, sys.stderr):
         delivered(stream, deadline - time.monotonic())
-    comm.Abort(code)
-    # MPICH 5's MPI_Abort can return once it has told the launcher (in 19 of 36
-    # aborted 4-rank jobs here Python ran on until the launcher's kill): end this
-    # rank now, so that no code of the program runs after the job was aborted.
-    os._exit(code)
+    group.abort(code)
+    os._exit(code)          # a transport's abort never returns; should one, end here
 
 
 def delivered(stream, wait=WAIT):
@@ -130,11 +127,12 @@ def abort_on_exception(main, *args, **kwargs):
     except SystemExit:
         raise
     except BaseException as exc:
-        MPI = sys.modules.get("mpi4py.MPI")
+        MPI = sys.modules.get("mpi4py.MPI")     # not imported here: in use or not
         if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized() \
                 or on_failure() == "raise":
             raise
-        abort(MPI.COMM_WORLD, getattr(main, "__module__", "main"), exc)
+        from .mpi import world
+        abort(world(), getattr(main, "__module__", "main"), exc)
 
 
 def fault(rank):

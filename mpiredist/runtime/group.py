@@ -45,21 +45,22 @@ import numpy as np
 
 from ..core.backend import (array_module, bytes_as, copy_into, cupy_or_error, device_dtype,
                             combiner, on_device_of, synchronize)
-from ..core.blocks import box_size
+from ..core.blocks import box_index, box_size, offsets
 from ..core.errors import MpiredistError, PlanError, ShapeError
-from ..core.mesh import Mesh
 from ..planning import planner
 from ..planning.budget import MARGIN, workspace_for
+from ..planning.crossmesh import between
 from ..planning.pieces import REDUCERS, Holders, layout_sources, layout_targets, recv_pieces
-from ..planning.plans import _bytes as format_bytes
-from .agree import agree, check_together, fingerprint
-from .collectives import count_limit
-from .comm import base_comm, library_comm, mpi
-from .context import Context
-from .exchange import Exchange, _index, _offsets
-from .failure import guard
-from .inputs import check_block, check_out, check_workspace
-from .transfer import _HOST, _native, _same_comm, agreed_kind, gpu_aware
+from ..planning.plans import format_bytes
+from .agree import check_together, fingerprint
+from .compile import target_of
+from .context import Context, Keep
+from .devices import staged_exchange
+from .exchange import Exchange
+from .groups import base_group, library_group, node_ranks
+from .inputs import check_workspace
+from .resources import Resources
+from .run import Item, Job, KEPT, run
 
 __all__ = ["TransferGroup"]
 
@@ -90,7 +91,7 @@ def _entries(items):
     return list(range(len(items))), items, False
 
 
-class TransferGroup:
+class TransferGroup(Job):
     """Redistribute many arrays together (collective; see the module doc).
 
     Parameters
@@ -112,22 +113,23 @@ class TransferGroup:
 
     Every rank of the communicator constructs the group with the same
     items; one agreement checks them all, and a bad item raises on every
-    rank naming the item.  Then :meth:`run` with the blocks in the same form.
+    rank naming the item.  Then :meth:`run` with the blocks in the same form;
+    a run goes through the one run path (:func:`mpiredist.runtime.run.run`)
+    with every item an item of the job.
     """
+
+    what = "TransferGroup.run"
 
     def __init__(self, items, mesh, dst_mesh=None, workspace_bytes=None):
         names, specs, self._as_dict = _entries(items)
 
         def body(mesh, rank):
-            target = mesh if dst_mesh is None else (
-                dst_mesh if isinstance(dst_mesh, Mesh) else Mesh(dst_mesh))
-            if not _same_comm(mesh.comm, target.comm):
-                raise ShapeError("TransferGroup: the target mesh is on another communicator "
-                                 "than the source mesh")
-            size = base_comm(mesh).Get_size()
-            mesh.check_ranks(size, "source")
-            target.check_ranks(size, "target")
-            parsed = [_parse(name, spec, mesh, target) for name, spec in zip(names, specs)]
+            group = base_group(mesh)
+            target = target_of(mesh, dst_mesh)
+            mesh.check_ranks(group.size, "source")
+            target.check_ranks(group.size, "target")
+            parsed = [_parse(name, spec, mesh, target, group.size)
+                      for name, spec in zip(names, specs)]
             w = check_workspace(workspace_bytes)
             return (target, parsed, w), dict(
                 mesh=repr(mesh), dst_mesh=repr(target), workspace=w,
@@ -135,9 +137,10 @@ class TransferGroup:
 
         mesh, (target, parsed, w) = check_together("TransferGroup", mesh, body)
         self._mesh, self._target_mesh = mesh, target
-        comm = base_comm(mesh)
-        self._base, self._comm = comm, library_comm(comm)
-        size = comm.Get_size()
+        base = base_group(mesh)
+        self.group, self._lib = base, library_group(base)
+        size = base.size
+        self.every_holds = not between(mesh, dst_mesh, size)
         shapes = {}             # per distinct item: (sources, targets, pack need per rank)
         bounds = np.zeros(size, dtype=np.int64)     # sum of max(S_i, T_i) per rank
         for shape, dtype, src, dst in parsed:
@@ -150,10 +153,10 @@ class TransferGroup:
             sources, targets, _ = shapes[key]
             bounds += [max(_size(s), _size(t)) * dtype.itemsize for s, t in zip(sources, targets)]
         self._workspace = w = workspace_for(int(bounds.max(initial=0))) if w is None else w
-        self._contexts = {}
+        self._keep = Keep()
         (self._buckets, self._alone, self._room,
          self._alone_workspace) = _split_workspace([shapes[key][2] for key in parsed], w, size,
-                                                   count_limit(mpi()))
+                                                   self._lib.count_limit)
         alone = {parsed[k] for k in self._alone}
         exchanges = {}
         self._items = []
@@ -171,22 +174,21 @@ class TransferGroup:
             for k in ks:
                 self._items[k].bucket = b
         self._layouts = []      # per bucket: its messages, made on the first run
-        self._buffer = None     # the buckets' send and receive bytes, kept between runs
         self._views = None      # per (bucket, device arrays): its pieces' views of it
-        self._staged = {}       # item index -> its exchange staged through host memory
-        self._identity = dict(group=fingerprint(mesh, target, self._workspace,
-                                                *[(i.name, i.shape, i.dtype, i.src, i.dst)
-                                                  for i in self._items]))
-        self._freed = False
-        self.calls = 0          # MPI calls that moved data, over all runs
+        self.identity = dict(group=fingerprint(mesh, target, self._workspace,
+                                               *[(i.name, i.shape, i.dtype, i.src, i.dst)
+                                                 for i in self._items]))
+        self.items = tuple(Item(i.source_shape, i.target_shape, i.dtype, i.name)
+                           for i in self._items)
+        self.name = (f"TransferGroup({len(self._items)} items, {self._mesh!r} -> "
+                     f"{self._target_mesh!r}, workspace_bytes={self._workspace})")
+        self._resources = Resources(node_ranks(base))
+        self.calls = 0          # transport calls that moved data, over all runs
 
     # ------------------------------------------------------------ set-up
 
     def _context(self, dtype):
-        found = self._contexts.get(dtype)
-        if found is None:
-            found = self._contexts[dtype] = Context(self._comm, dtype)
-        return found
+        return self._keep.get(("context", dtype), lambda: Context(self._lib, dtype))
 
     # ------------------------------------------------------------ public
 
@@ -202,8 +204,12 @@ class TransferGroup:
     @property
     def kept_bytes(self):
         """Bytes this rank keeps between runs: the bucket buffer (within W), made
-        on the first run, released by :meth:`free`."""
-        return 0 if self._buffer is None else self._buffer.nbytes
+        on the first run, and the rings of items alone, released by :meth:`free`."""
+        found = self._keep.get(("buffer",), lambda: None) if ("buffer",) in self._keep \
+            else None
+        rings = sum(v.ctx.kept_bytes for v in self._keep.values() if hasattr(v, "ctx"))
+        contexts = sum(v.kept_bytes for v in self._keep.values() if isinstance(v, Context))
+        return (0 if found is None else found.nbytes) + rings + contexts
 
     @property
     def buckets(self):
@@ -234,8 +240,7 @@ class TransferGroup:
         return len(self._items)
 
     def __repr__(self):
-        return (f"TransferGroup({len(self._items)} items, {self._mesh!r} -> "
-                f"{self._target_mesh!r}, workspace_bytes={self._workspace})")
+        return self.name
 
     def explain(self):
         """How the group runs: buckets, their collectives and bytes, items alone."""
@@ -255,16 +260,11 @@ class TransferGroup:
         return "\n".join(lines)
 
     def free(self):
-        """Release the group's datatypes and its bucket buffer (local, no
-        communication)."""
-        if not self._freed:
-            self._freed = True
-            self._buffer = self._views = None
-            for ex in self._staged.values():
-                ex.free()
-            self._staged.clear()
-            for ctx in self._contexts.values():
-                ctx.free()
+        """Release what the group keeps between runs (local, no communication)."""
+        if not self.freed:
+            self.freed = True
+            self._views = None
+            self._keep.free()
 
     def __enter__(self):
         return self
@@ -283,39 +283,42 @@ class TransferGroup:
         rank checks its blocks; one agreement raises on every rank, naming
         the first bad item, before any data moves.
         """
-        rank = self._base.Get_rank()
-        error, kind, natives, outs = None, _HOST, None, None
+        error, listed, into = None, [None] * len(self._items), [None] * len(self._items)
         try:
-            if self._freed:
-                raise ShapeError(f"rank {rank}: {self!r} was freed")
-            kind, natives, outs = self._inputs(blocks, out, rank)
+            listed, into = self._listed(blocks, "blocks"), self._listed(out, "out")
         except (ValueError, MpiredistError) as exc:
             error = exc
-        # on one mesh every rank holds blocks and the library is agreed with the
-        # rest; between meshes ranks outside the source mesh hold none and learn
-        # it after the agreement, as a Transfer between meshes does
-        cross = self._target_mesh != self._mesh
-        agree(self._base, "TransferGroup.run", error,
-              self._identity if cross else dict(self._identity, kind=str(kind)))
-        if cross:
-            holds = any(a is not None for a in [*natives, *outs])
-            kind = agreed_kind(self._base, repr(self), kind, holds)
-        aware = kind.device and gpu_aware(self._base, repr(self))
-        results = guard(self._base, repr(self), self._move, natives, outs, kind, aware)
-        given = self._listed(out)
-        return self._form([g if g is not None else kind.wrap(r, i.dtype)
-                           for g, r, i in zip(given, results, self._items)])
+        return self._form(run(self, listed, into, None, 0, error))
+
+    def judge(self, natives, outs, extra):
+        """The group's bound fits this rank's memory (MemoryBudgetError if not)."""
+        self._resources.check(self.bound, self.group.rank, self.name)
+        return KEPT
+
+    def execute(self, natives, outs, kind, aware, flags, records, verdict):
+        """Every item: the buckets, then the items alone (guarded by the run path)."""
+        return self._move(natives, outs, kind, aware)
 
     # ------------------------------------------------------------ running
 
-    def _listed(self, values):
+    def _listed(self, values, what):
+        """``values`` as a list in item order; ShapeError for the wrong form."""
+        rank = self.group.rank
         if values is None:
             return [None] * len(self._items)
         if self._as_dict:
+            if not isinstance(values, dict):
+                raise ShapeError(f"rank {rank}: the group's items are a dict; pass the {what} "
+                                 "as a dict by name")
+            known = set(self.names)
+            extra = [k for k in values if k not in known]
+            if extra:
+                raise ShapeError(f"rank {rank}: {what} for unknown item(s) {extra[:4]}")
             return [values.get(i.name) for i in self._items]
         values = list(values)
         if len(values) != len(self._items):
-            raise ShapeError(f"{len(values)} blocks for a group of {len(self._items)} items")
+            raise ShapeError(f"rank {rank}: {len(values)} {what} for a group of "
+                             f"{len(self._items)} items")
         return values
 
     def _form(self, values):
@@ -323,55 +326,11 @@ class TransferGroup:
             return {i.name: v for i, v in zip(self._items, values)}
         return list(values)
 
-    def _inputs(self, blocks, out, rank):
-        """This rank's blocks as native arrays, each checked; the agreed library."""
-        if self._as_dict and blocks is not None and not isinstance(blocks, dict):
-            raise ShapeError(f"rank {rank}: the group's items are a dict; pass the blocks "
-                             "as a dict by name")
-        if self._as_dict and isinstance(blocks, dict):
-            known = set(self.names)
-            extra = [k for k in blocks if k not in known]
-            if extra:
-                raise ShapeError(f"rank {rank}: blocks for unknown item(s) {extra[:4]}")
-        listed, into = self._listed(blocks), self._listed(out)
-        kinds, natives, outs, host = set(), [], [], False
-        for item, local, o in zip(self._items, listed, into):
-            if o is None and type(local) is np.ndarray and local.shape == item.source_shape \
-                    and local.dtype == item.dtype:          # a numpy block as it should be
-                host = True
-                natives.append(local)
-                outs.append(None)
-                continue
-            try:
-                k, local, o = _native(local, o, rank)
-                if local is not None or o is not None:
-                    kinds.add(k)
-                if item.source_shape is None and local is not None:
-                    raise ShapeError(f"rank {rank} is outside the source mesh: pass None")
-                if item.source_shape is not None:
-                    if local is None:
-                        raise ShapeError(f"rank {rank}: no block (None)")
-                    check_block(local, item.source_shape, item.dtype, rank)
-                if o is not None:
-                    if item.target_shape is None:
-                        raise ShapeError(f"rank {rank} is outside the target mesh: out None")
-                    check_out(o, local, item.target_shape, item.dtype, rank)
-            except (ValueError, MpiredistError) as exc:
-                raise type(exc)(f"item {item.name!r}: {exc}") from None
-            natives.append(local)
-            outs.append(o)
-        if host:
-            kinds.add(_HOST)
-        if len(kinds) > 1:
-            raise ShapeError(f"rank {rank}: the group's blocks are of different libraries: "
-                             f"{sorted(map(str, kinds))}")
-        return (kinds.pop() if kinds else _HOST), natives, outs
-
-    def _move(self, natives, outs, kind=_HOST, aware=False):
+    def _move(self, natives, outs, kind, aware=False):
         """Every item: the buckets, then the items alone.  Device arrays: the
-        results on the device; the bucket buffer there too when MPI is
-        CUDA-aware (``aware``), else on the host, packed from and unpacked
-        to the device, and the items alone staged through host rings."""
+        results on the device; the bucket buffer there too when the transport
+        takes device buffers (``aware``), else on the host, packed from and
+        unpacked to the device, and the items alone staged through host rings."""
         xp = cupy_or_error() if kind.device else np
         targets = []
         for item, local, o in zip(self._items, natives, outs):
@@ -391,13 +350,9 @@ class TransferGroup:
     def _staging(self, k):
         """Item ``k``'s exchange with every part staged through host rings (made
         on its first staged run, kept until :meth:`free`)."""
-        found = self._staged.get(k)
-        if found is None:
-            item = self._items[k]
-            found = self._staged[k] = Exchange(Context(self._comm, item.dtype, staged=True),
-                                               *item.pieces, self._alone_workspace,
-                                               item.src.op)
-        return found
+        item = self._items[k]
+        return self._keep.get(("staged", k), lambda: staged_exchange(
+            self._lib, item.dtype, *item.pieces, self._alone_workspace, item.src.op))
 
     def _layout(self, ks):
         """A bucket's messages, worked out once: per piece sent ``(item, index,
@@ -405,7 +360,7 @@ class TransferGroup:
         the target, byte offset or None for this rank's own, index into the
         source, combine)`` in the order they apply, and the byte counts and
         displacements per peer."""
-        n, me = self._comm.Get_size(), self._comm.Get_rank()
+        n, me = self._lib.size, self._lib.rank
         sends, recvs = [[] for _ in range(n)], [[] for _ in range(n)]
         for k in ks:
             ex, size = self._items[k].exchange, self._items[k].dtype.itemsize
@@ -417,12 +372,12 @@ class TransferGroup:
                     recvs[r.peer].append((k, r, _padded(math.prod(r.box[1]) * size)))
         send_counts = [sum(x[2] for x in sends[p]) for p in range(n)]
         recv_counts = [sum(x[2] for x in recvs[p]) for p in range(n)]
-        send_at, recv_at = _offsets(send_counts), _offsets(recv_counts)
+        send_at, recv_at = offsets(send_counts), offsets(recv_counts)
         packs, offset = [], {}
         for p in range(n):
             at = send_at[p]
             for k, x, nbytes in sends[p]:
-                packs.append((k, _index(x.box), at, self._items[k].dtype, x.box[1]))
+                packs.append((k, box_index(x.box), at, self._items[k].dtype, x.box[1]))
                 at += nbytes
             at = recv_at[p]
             for k, r, nbytes in recvs[p]:
@@ -431,28 +386,32 @@ class TransferGroup:
         applies = []
         for k in ks:
             for r in self._items[k].order:
-                applies.append((k, _index(r.box), offset.get((k, r.key)),
-                                None if r.own is None else _index(r.own), r.combine, r.box[1]))
+                applies.append((k, box_index(r.box), offset.get((k, r.key)),
+                                None if r.own is None else box_index(r.own), r.combine,
+                                r.box[1]))
         total = sum(send_counts)
         return packs, applies, (send_counts, send_at, recv_counts, recv_at, total,
                                 total + sum(recv_counts))
 
     def _bucket(self, b, natives, targets, device=False, xp=np):
-        """Every piece of bucket ``b``'s items in one ``Alltoallv`` of bytes, through
-        a buffer of library ``xp`` (the device's where MPI takes device buffers),
-        from and to device arrays where ``device`` (whose bfloat16 items hold
-        int16 bits: the views of the buffer are typed alike)."""
+        """Every piece of bucket ``b``'s items in one ``alltoallv`` of bytes, through
+        a buffer of library ``xp`` (the device's where the transport takes
+        device buffers), from and to device arrays where ``device`` (whose
+        bfloat16 items hold int16 bits: the views of the buffer are typed
+        alike)."""
         if not self._layouts:
             self._layouts = [self._layout(ks) for ks in self._buckets]
         packs, applies, (send_counts, send_at, recv_counts, recv_at, split, size) = \
             self._layouts[b]
-        if self._buffer is None or array_module(self._buffer) is not xp:
+        buffer = self._keep.pop(("buffer",), None)
+        if buffer is None or array_module(buffer) is not xp:
             # one buffer for every bucket, kept between runs (at most the pack
             # room, within W): a fresh one faulted its pages in on every run
-            self._buffer = self._views = None
-            self._buffer = xp.empty(max(x[2][5] for x in self._layouts), np.uint8)
+            buffer = self._views = None
+            buffer = xp.empty(max(x[2][5] for x in self._layouts), np.uint8)
             self._views = {}
-        out, back = self._buffer[:split], self._buffer[split:size]
+        self._keep[("buffer",)] = buffer
+        out, back = buffer[:split], buffer[split:size]
         typed = device_dtype if device else np.dtype
         if (b, device) not in self._views:
             # each piece's typed view of the buffer, made once per buffer (and
@@ -466,9 +425,8 @@ class TransferGroup:
         for (k, index, _, _, _), slot in zip(packs, slots):
             copy_into(slot, natives[k][index])      # host or device, either way
         synchronize(out)
-        B = self._base_byte()
         self.calls += 1
-        self._comm.Alltoallv([out, send_counts, send_at, B], [back, recv_counts, recv_at, B])
+        self._lib.alltoallv(out, send_counts, back, recv_counts)
         for (k, index, _, own, combine, _), value in zip(applies, received):
             target = targets[k]
             if target is None:
@@ -484,24 +442,19 @@ class TransferGroup:
                 copy_into(view, value)
         synchronize(back)
 
-    def _base_byte(self):
-        return next(iter(self._contexts.values())).MPI.BYTE
 
-
-def _parse(name, spec, mesh, target):
+def _parse(name, spec, mesh, target, size):
     """``(shape, dtype, src, dst)`` of one item, validated; errors name the item."""
     try:
         try:
             shape, dtype, src, dst = spec
         except (TypeError, ValueError):
             raise ShapeError(f"is {spec!r}, not a (shape, dtype, src, dst) tuple") from None
-        shape, dt, _, s, _ = planner.validate(shape, dtype, mesh, src, src)
-        _, _, _, d, _ = planner.validate(shape, dt, target, dst, dst)
+        shape, dt, _, s, _, d = planner.validate_sides(shape, dtype, mesh, src, target, dst,
+                                                       size)
         if d.partial and (target != mesh or d.partial != s.partial or d.op != s.op):
             raise PlanError(f"target {d} keeps partial sums; a group keeps them only on one "
                             "mesh with the source's partial axes and op")
-        if s.partial and not d.partial:
-            planner._check_reducible(dt, s)
         return shape, dt, s, d
     except (ValueError, MpiredistError) as exc:
         raise type(exc)(f"item {name!r}: {exc}") from None
@@ -569,6 +522,7 @@ def _pack_need(sources, targets):
 
 def _padded(nbytes):
     return -(-nbytes // ALIGN) * ALIGN
+
 
 
 def _names(items, ks):

@@ -184,8 +184,9 @@ def check_block(local, shape, dtype, rank, what="local block"):
                          f"expected {dtype}{held}")
 
 
-def check_out(out, local, shape, dtype, rank):
-    """ShapeError unless ``out`` can receive the target block."""
+def check_out(out, local, shape, dtype, rank, views=False):
+    """ShapeError unless ``out`` can receive the target block (``views``: it may be
+    a strided view of a larger array)."""
     check_block(out, shape, dtype, rank, "out")
     if type(out) is np.ndarray and type(local) is np.ndarray:      # host arrays, at once
         flags = out.flags
@@ -195,7 +196,7 @@ def check_out(out, local, shape, dtype, rank):
     if local is not None and array_kind(out) != array_kind(local):
         raise ShapeError(f"rank {rank}: out is a {array_kind(out)} array but the block is "
                          f"a {array_kind(local)} array")
-    if not c_contiguous(out):
+    if not views and not c_contiguous(out):
         raise ShapeError(f"rank {rank}: out must be C-contiguous")
     if isinstance(out, np.ndarray) and not out.flags.writeable:
         raise ShapeError(f"rank {rank}: out is read-only")

@@ -9,37 +9,36 @@ once per round: at 8 ranks on 2 cores, c01 with the default workspace took
 14.4 ms in three rounds against 9.3 ms in one.  Here sends and receives are
 each one sequence of parts, posted in order as soon as there is room:
 
-* a part given as an MPI buffer spec (contiguous in its array, or a
-  datatype) is posted at its turn and needs no room;
+* a part given as a message (a contiguous stretch of its array, or a
+  :class:`~mpiredist.runtime.transport.Strided` box) is posted at its turn
+  and needs no room;
 * a part given as an array view is packed into the send ring, or received
   into the receive ring and unpacked as soon as it arrives (the rings may
   be host memory and the views device memory: a device run staged through
   the host, :func:`mpiredist.core.backend.copy_into`);
 * when the next part does not fit its ring, the rank waits for *any* of its
-  posted parts to finish (``Testsome`` between yields of the CPU, see
-  :meth:`_State.wait_some`), unpacks what arrived, and frees ring space
-  oldest first;
+  posted parts to finish (the group's ``wait_some``, which yields the CPU),
+  unpacks what arrived, and frees ring space oldest first;
 * in place (``paired``), what arrives waits in the receive ring until the
   sends that read its place have released it.
 
 Both ends of every message post it at the same place in their sequence
 relative to the other messages between them (callers order parts by
-``(part index, peer offset)``, which both ends compute), so MPI's
-non-overtaking order matches every send with its receive under one tag.
+``(part index, peer offset)``, which both ends compute), so the transport's
+non-overtaking order (:mod:`mpiredist.runtime.transport`) matches every
+send with its receive.
 No deadlock: the incomplete message with the smallest key has every earlier
 part of both its ends finished, so both rings have room for it (in place,
 the receiver's earlier sends have finished too, so what waited in its ring
 has been applied and freed: send i and receive i of a rank share a key).
 """
 
-import os
 from collections import deque
 
 from ..core.backend import copy_into, on_device_of, synchronize
 
 __all__ = ["Ring", "Part", "run", "posted_within", "objects_bytes"]
 
-TAG = 0x6d72        # "mr": one tag for every part; order within a pair is MPI's
 # Posted and unfinished parts per side, at most: each holds Python objects
 # and an MPI request, and tiny parts (a low count limit) would otherwise put
 # thousands in flight at once.  A caller with a smaller margin for them
@@ -76,8 +75,8 @@ def objects_bytes(pieces, posted):
 class Part:
     """One message, or one local value in the order of the receives.
 
-    ``peer`` and either ``spec`` (an MPI buffer spec, sent or received as
-    is) or ``view`` (an array to pack from, or to unpack into; or a tuple
+    ``peer`` and either ``spec`` (a message of the transport: a contiguous
+    array or a Strided box, sent or received as is) or ``view`` (an array to pack from, or to unpack into; or a tuple
     of arrays, packed one after another).  A received ``view`` takes the
     data by ``combine(view, data)`` when given (e.g. a reduction into it),
     else by copy.  ``value``: no message; at its turn among the receives,
@@ -138,8 +137,7 @@ class Ring:
             self.live.popleft()
 
 
-def run(MPI, comm, sends, recvs, send_buffer, recv_buffer, tag=TAG, paired=False,
-        posted=MAX_POSTED):
+def run(group, sends, recvs, send_buffer, recv_buffer, paired=False, posted=MAX_POSTED):
     """Post ``sends`` and ``recvs`` (iterables of :class:`Part`, read as they
     are posted) in order; return, when all have finished, the number of
     messages posted (sends and receives).
@@ -162,7 +160,7 @@ def run(MPI, comm, sends, recvs, send_buffer, recv_buffer, tag=TAG, paired=False
     when send i and receive i of a rank carry the same place in the order
     of messages, as pairwise swaps and permutes in parts do.
     """
-    state = _State(MPI, comm, tag, send_buffer, recv_buffer, paired, posted)
+    state = _State(group, send_buffer, recv_buffer, paired, posted)
     sends, recvs = _Ahead(sends), _Ahead(recvs)
     while True:
         for _ in range(2):          # receives first: posted receives let senders go
@@ -243,9 +241,8 @@ class _State:
     holds no space longer than the ring would.
     """
 
-    def __init__(self, MPI, comm, tag, send_buffer, recv_buffer, paired=False,
-                 posted=MAX_POSTED):
-        self.MPI, self.comm, self.tag, self.paired = MPI, comm, tag, paired
+    def __init__(self, group, send_buffer, recv_buffer, paired=False, posted=MAX_POSTED):
+        self.group, self.paired = group, paired
         self.most = posted                      # parts in flight per side, at most
         self.rings = {}
         for side, buffer in (("send", send_buffer), ("recv", recv_buffer)):
@@ -294,14 +291,14 @@ class _State:
             return False
         if part.spec is not None:
             token = _Recv(part, index=index)
-            self._add(self.comm.Irecv(part.spec, part.peer, self.tag), token)
+            self._add(self.group.irecv(part.spec, part.peer), token)
         else:
             room = self._room("recv", size(part.view))
             if room is None:
                 return False
             ring, entry, packed = room
             token = _Recv(part, packed, ring, entry, index=index)
-            self._add(self.comm.Irecv(_bytes(self.MPI, packed), part.peer, self.tag), token)
+            self._add(self.group.irecv(packed, part.peer), token)
         self.arrived.append(token)
         self.received += 1
         return True
@@ -315,10 +312,10 @@ class _State:
         # 4 KiB parts at 8 ranks a donated swap grew RSS by 8-18 MB against a
         # 3 MiB bound.  The first ones stay eager: a small move is one message a
         # peer, and a handshake each would cost it a round trip.
-        send = self.comm.Isend if self.sent < self.most else self.comm.Issend
+        sync = self.sent >= self.most
         if part.spec is not None:
             token = _Send()
-            self._add(send(part.spec, part.peer, self.tag), token)
+            self._add(self.group.isend(part.spec, part.peer, sync), token)
         else:
             room = self._room("send", size(part.view))
             if room is None:
@@ -328,7 +325,7 @@ class _State:
                 copy_into(span.reshape(view.shape), view)   # a device part into a host ring too
             synchronize(packed)
             token = _Send(ring, entry, released=True)
-            self._add(send(_bytes(self.MPI, packed), part.peer, self.tag), token)
+            self._add(self.group.isend(packed, part.peer, sync), token)
         self.sent += 1
         if self.paired:                 # only in place does a release order anything
             self.holding.append(token)
@@ -347,19 +344,8 @@ class _State:
         self.flying["recv" if isinstance(token, _Recv) else "send"] += 1
 
     def wait_some(self):
-        """Wait until some posted part has finished, yielding the CPU between tests.
-
-        Not ``Waitsome``: MPICH's ``Waitsome`` and ``Waitany`` do not yield
-        while they poll, and with more ranks than cores the spinning ranks
-        starve the ones they wait for (c01 at 8 ranks on 2 cores: 42 ms with
-        ``Waitsome``, 7.7 ms with this loop).
-        """
-        while True:
-            done = self.MPI.Request.Testsome(self.requests)
-            if done:
-                break
-            os.sched_yield()
-        done = set(done)
+        """Wait until some posted part has finished (the group's ``wait_some``)."""
+        done = set(self.group.wait_some(self.requests))
         for i in done:
             self._finished(self.tokens[i])
         keep = [i for i in range(len(self.requests)) if i not in done]
@@ -369,7 +355,7 @@ class _State:
 
     def finish(self):
         """Everything is posted: wait for the rest at once, then apply it."""
-        self.MPI.Request.Waitall(self.requests)
+        self.group.wait_all(self.requests)
         for token in self.tokens:
             self._finished(token)
         self.requests, self.tokens = [], []
@@ -412,6 +398,3 @@ def _spans(view, flat):
         at += v.size
     return out
 
-
-def _bytes(MPI, packed):
-    return [packed, packed.size * packed.itemsize, MPI.BYTE]

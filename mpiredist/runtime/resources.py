@@ -191,8 +191,17 @@ class Resources:
 
     def check(self, bound, rank, what, found=None):
         """MemoryBudgetError unless ``bound`` bytes fit what this rank may allocate
-        (``found``: what :meth:`available` said, read now if not given)."""
-        have, source = self.available(bound) if found is None else found
+        (``found``: what :meth:`available` said, read now if not given; a
+        reading of the last second that allowed four times ``bound`` or more,
+        ``ulimit -v`` unchanged, is taken at once)."""
+        if found is None:
+            last = self._last
+            if last is not None and time.monotonic() - last[0] < REUSE_SECONDS \
+                    and (last[2][0] is None or bound <= last[2][0] * REUSE_SHARE) \
+                    and last[1] == _address_limit():
+                return
+            found = self.available(bound)
+        have, source = found
         if have is not None and bound > have:
             shared = source in _SHARED and self.node_ranks > 1
             raise MemoryBudgetError(

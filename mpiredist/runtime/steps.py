@@ -7,25 +7,29 @@ output is a separate array the step moves pieces from its input into it;
 where it is the same buffer, the step first makes the pieces addressable in
 place (a block transpose, an expansion) and then moves them there.  Every
 move between ranks goes through the one exchange engine
-(:func:`mpiredist.runtime.exchange.move`) or one count-safe collective
-(:mod:`mpiredist.runtime.collectives`).
+(:func:`mpiredist.runtime.exchange.move`) or one collective of the
+transport (:mod:`mpiredist.runtime.transport`).  The in-place half of each
+kind belongs to the one-buffer strategy
+(:class:`~mpiredist.runtime.onebuffer.OneBuffer`); the steps call it when
+``mem.in_place(step)`` is true.
 
 ============== ======================================= ==========================================
 step           separate output                          in place (one buffer)
 ============== ======================================= ==========================================
 slice          the block becomes a box of its base      the box moved to the front (or an offset)
-all_gather     ``Allgather(v)`` of bytes when blocks    own block expanded to its slot, then the
-               follow each other, else pieces moved     same, ``MPI_IN_PLACE``
-all_to_all     pieces moved (or one ``Alltoall(v)``     block transpose so each member's piece is
+all_gather     ``allgather`` of bytes when blocks       own block expanded to its slot, then the
+               follow each other, else pieces moved     same, in place
+all_to_all     pieces moved (or one ``alltoall(v)``     block transpose so each member's piece is
                for small blocks)                        one slot, slots swapped pairwise, placed
-reduce_scatter ``Reduce_scatter`` within the reduction  parts made contiguous by a transpose, then
+reduce_scatter ``reduce_scatter`` within the reduction  parts made contiguous by a transpose, then
                room; else parts combined by numpy as    the same into this member's part, moved to
-               they arrive; else rounds                 the front
-all_reduce     ``Allreduce``; past the reduction room   the same on the buffer
+               they arrive                              the front
+all_reduce     ``allreduce``; past the reduction room   the same on the buffer
                a reduce-scatter of slices by parts,
-               then an in-place ``Allgather``
-permute        ``Sendrecv`` of the whole block          ``Sendrecv`` beside the block when both fit,
-                                                        else parts through a ring, in order
+               then an in-place ``allgather``
+permute        ``sendrecv`` of the whole block (parts   ``sendrecv`` beside the block when both fit,
+               of a sliced block where the transport    else parts through a ring, in order
+               takes no boxes)
 exchange       the pieces of the piece model moved     (a separate output: the budget says so)
 ============== ======================================= ==========================================
 
@@ -38,58 +42,51 @@ lays out its bytes.
 
 import math
 import time
-from dataclasses import dataclass
 
-from ..core.backend import synchronize
-from ..core.blocks import box_shape, contiguous_box, divides_evenly, overlap, rank_block
+from ..core.blocks import (box_index, box_shape, contiguous_box, contiguous_in, divides_evenly,
+                           overlap, rank_block, relative)
 from ..core.errors import CommunicationError
-from ..planning.pieces import part_limit, plan_pieces, ring_part_limit
+from ..planning.pieces import part_limit, plan_pieces
 from ..planning.routing import member_digits, permute_dest, permute_source
-from . import collectives
-from .collectives import allreduce, message, mpi_op, reduce_limit, reduce_scatter
-from .exchange import ONE_CALL_MAX, Exchange, Recv, Send, move, move_once
+from .exchange import Exchange, Recv, Send, StepRecord, move
 from .failure import inject
-from .memory import Region
-from .onebuffer import compact, expand, transpose
+from .memory import Region, after_slice
+from .reductions import reduce_by_parts, reduce_limit, reduction_rings
+from .transport import Strided
 
-__all__ = ["run", "StepRecord", "STEPS"]
+__all__ = ["run", "StepRecord", "STEPS", "ONE_CALL_MAX"]
 
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """What one step did on this rank: bytes sent to other ranks, time, and the
-    MPI calls that move data (each collective call, and each point-to-point
-    send or receive posted, counts one)."""
-
-    op: str
-    bytes_sent: int
-    seconds: float
-    calls: int = 0
+# Blocks up to this size may go in one alltoall(v) (move_once): where a
+# message costs more than moving its bytes.  Measured at 8 ranks on 2 cores,
+# 4 KiB blocks: rounds of Isend/Irecv 1.3 ms, one Alltoallv 0.8 ms.
+ONE_CALL_MAX = 256 << 10
 
 
 def run(ctx, mem, records=None):
     """Run ``ctx.plan`` with the memory strategy ``mem``; return the target block.
 
     If ``records`` is a list, one :class:`StepRecord` per step is appended.
-    MPI failures become :class:`~mpiredist.CommunicationError` naming the step.
+    Failures of the transport become :class:`~mpiredist.CommunicationError`
+    naming the step.
     """
+    errors, before = ctx.group.errors, mem.before
     for index, step in enumerate(ctx.plan.steps):
         t0, calls = time.perf_counter(), ctx.calls
         ctx.current = index
         try:
-            inject(ctx.fault, index)
-            mem.before(index, step)
+            if ctx.fault is not None:
+                inject(ctx.fault, index)
+            if before is not None:
+                before(index, step)
             sent = STEPS[step.op](ctx, mem, index, step)
-        except ctx.MPI.Exception as exc:
-            error = CommunicationError(f"MPI failed in step {index} ({step}): {exc}")
+        except errors as exc:
+            error = CommunicationError(f"{ctx.group.name} failed in step {index} ({step}): "
+                                       f"{exc}")
             error.mpiredist_step = f"{index} ({step})"
             raise error from exc
         except BaseException as exc:
             exc.mpiredist_step = f"{index} ({step})"    # named if the job aborts
             raise
-        finally:
-            ctx.free_types()
-        mem.after(index, step)
         if records is not None:
             records.append(StepRecord(step.op, int(sent), time.perf_counter() - t0,
                                       ctx.calls - calls))
@@ -104,17 +101,7 @@ def _block(ctx, layout, digits=None):
     if digits is not None:
         return rank_block(ctx.plan.step_shape, layout, digits)
     return ctx.route(("block", layout),
-                     lambda: rank_block(ctx.plan.step_shape, layout, ctx.mc.digits))
-
-
-def relative(box, outer):
-    """``(starts, shape)`` of global ``box`` relative to the block ``outer``."""
-    return (tuple(lo - o for (lo, _), (o, _) in zip(box, outer)),
-            tuple(hi - lo for lo, hi in box))
-
-
-def _volume(box):
-    return math.prod(hi - lo for lo, hi in box)
+                     lambda: rank_block(ctx.plan.step_shape, layout, ctx.groups.digits))
 
 
 def _group_pieces(ctx, index, sliced):
@@ -127,7 +114,7 @@ def _group_pieces(ctx, index, sliced):
 
 
 def _group_geometry(ctx, step, sliced):
-    digits, g = ctx.mc.digits, step.group_size
+    digits, g = ctx.groups.digits, step.group_size
     me = _member(step, digits)
     mine_b, mine_a = _block(ctx, step.before), _block(ctx, step.after)
     sends, recvs, sent = [], [], 0
@@ -136,12 +123,12 @@ def _group_geometry(ctx, step, sliced):
         theirs_b, theirs_a = _block(ctx, step.before, other), _block(ctx, step.after, other)
         box = overlap(mine_b, theirs_a)
         if box is not None:
-            whole = not sliced and _runs(box, mine_b) and _runs(box, theirs_a)
+            whole = not sliced and contiguous_in(box, mine_b) and contiguous_in(box, theirs_a)
             sends.append(Send(((m - me) % g,), m, relative(box, mine_b), whole))
-            sent += _volume(box) if m != me else 0
+            sent += math.prod(box_shape(box)) if m != me else 0
         box = overlap(theirs_b, mine_a)
         if box is not None:
-            whole = not sliced and _runs(box, theirs_b) and _runs(box, mine_a)
+            whole = not sliced and contiguous_in(box, theirs_b) and contiguous_in(box, mine_a)
             own = relative(box, mine_b) if m == me else None
             recvs.append(Recv(((me - m) % g,), m, relative(box, mine_a), whole, False, own))
     return sends, recvs, sent
@@ -152,13 +139,6 @@ def _member(step, digits):
     for s in step.axes:
         p = p * s.size + digits[s]
     return p
-
-
-def _runs(box, block):
-    """True if the global ``box`` is one contiguous run of ``block`` in C order."""
-    return contiguous_box([hi - lo for lo, hi in block],
-                          [lo - b for (lo, _), (b, _) in zip(box, block)],
-                          [hi - lo for lo, hi in box])
 
 
 def group_sides(step, whole):
@@ -205,26 +185,22 @@ def _exchange_of(ctx, index, sliced):
             raise AssertionError(f"internal planner error: exchange {step} reduces")
         sources, targets = plan_pieces(plan, step.before, step.after, keep_classes=True)
         ex = Exchange(ctx, sources, targets, 0, plan.src.op, views=sliced)
-        zero = ex if ctx.comm.Get_rank() == 0 else Exchange(ctx, sources, targets, 0,
-                                                            plan.src.op, sliced, rank=0)
-        sides = (sliced or any(not _rel_runs(x.box, zero.source_shape)
+        zero = ex if ctx.group.rank == 0 else Exchange(ctx, sources, targets, 0,
+                                                       plan.src.op, sliced, rank=0)
+        sides = (sliced or any(not contiguous_box(zero.source_shape, *x.box)
                                for x in zero.sends if x.peer != 0),
-                 any(not _rel_runs(x.box, zero.target_shape)
+                 any(not contiguous_box(zero.target_shape, *x.box)
                      for x in zero.recvs if x.peer != 0))
         ctx.routes[key] = ex, sides
     return ctx.routes[key]
 
 
-def _rel_runs(box, full):
-    """True if ``box`` ``(starts, shape)`` is one run of a C-order block of shape ``full``."""
-    return contiguous_box(full, *box)
-
-
 # ---------------------------------------------------------------- steps
 
 def _slice(ctx, mem, index, step):
-    mem.narrow(*ctx.route(("slice", index),
-                          lambda: relative(_block(ctx, step.after), _block(ctx, step.before))))
+    starts, shape = ctx.route(("slice", index), lambda: relative(_block(ctx, step.after),
+                                                                  _block(ctx, step.before)))
+    mem.narrow(starts, shape, after_slice(mem.sliced, step))
     return 0
 
 
@@ -232,35 +208,31 @@ def _all_gather(ctx, mem, index, step):
     """Own block at its slot of the output, then the other members' blocks.
 
     Blocks that follow each other in the output (every dim before the
-    gathered one of length 1, from the plan) go as one ``Allgather(v)`` of
+    gathered one of length 1, from the plan) go as one ``allgather`` of
     bytes; strided ones are moved by the engine, packed through the rings.
     """
     (d,) = step.dims
-    comm = ctx.mc.sub(step.axes)
-    g, me = comm.Get_size(), comm.Get_rank()
+    group = ctx.groups.sub(step.axes)
+    g, me = group.size, group.rank
+
     def geometry():                         # the output's shape and each member's slot
         mine = _block(ctx, step.after)
         slots = []
         for m in range(g):
-            lo, hi = _block(ctx, step.before, member_digits(ctx.mc.digits, step.axes, m))[d]
+            lo, hi = _block(ctx, step.before, member_digits(ctx.groups.digits, step.axes, m))[d]
             slots.append((lo - mine[d][0], hi - lo))
         return box_shape(mine), tuple(slots)
     shape, slots = ctx.route(("gather", index), geometry)
     own = mem.region
     sent = math.prod(own.shape) * ctx.itemsize * (g - 1)
-    if mem.in_place(step):
-        place = [0] * len(shape)
-        place[d] = slots[me][0]
-        expand(mem.buf, mem.shape, place, shape, mem.itemsize, mem.chunk)
-        mem.shape = shape
-        out, placed = mem.typed(shape), True
-    else:
-        out, placed = mem.output(shape), False
+    placed = mem.rearranges and mem.in_place(step)
+    out = mem.place(shape, d, slots[me][0]) if placed else mem.output(shape)
     inner = math.prod(shape[d + 1:]) * ctx.itemsize
     if all(n == 1 for n in step.local_shape_after[:d]):
         if math.prod(shape):
-            collectives.allgather(ctx, comm, None if placed else own.view(), out,
-                                  [n * inner for _, n in slots], [s * inner for s, _ in slots])
+            ctx.calls += 1
+            group.allgather(None if placed else own.view(), out,
+                            [n * inner for _, n in slots])
     else:
         target = Region(out)
 
@@ -277,107 +249,126 @@ def _all_gather(ctx, mem, index, step):
         recvs = [Recv(((me - m) % g,), m, slot(m), False, False, None) for m in range(g)
                  if m != me and slots[m][1]]
         if not placed:
-            target.view()[_index(slot(me))] = own.view()
+            target.view()[box_index(slot(me))] = own.view()
         sides = (placed or mem.sliced, True)
-        move(ctx, comm, sends, recvs, source, target,
+        move(ctx, group, sends, recvs, source, target,
              part_limit(ctx.itemsize, mem.room, sides), mem.room // ctx.itemsize)
     mem.adopt(Region(out))
     return sent
 
 
 def _all_to_all(ctx, mem, index, step):
-    comm = ctx.mc.sub(step.axes)
-    if mem.in_place(step):
-        return _all_to_all_in_place(ctx, mem, step, comm)
-    out = Region(mem.output(box_shape(_block(ctx, step.after))))
-    sends, recvs, sent = _group_pieces(ctx, index, mem.sliced)
-    once = one_call(ctx, step, mem.room)
-    if once:
-        move_once(ctx, comm, sends, recvs, mem.region, out, once == "even")
+    key = ("all_to_all", index, mem.sliced, mem.room)
+    geo = ctx.routes.get(key)
+    if geo is None:
+        geo = ctx.routes[key] = _Moves(ctx, index, step, mem.sliced, mem.room)
+    if mem.rearranges and mem.in_place(step):
+        return mem.all_to_all(ctx, step, geo.group)
+    out = Region(mem.output(geo.shape))
+    if geo.once is not None:
+        move_once(ctx, geo.group, geo.once, mem.region, out)
     else:
-        move(ctx, comm, sends, recvs, mem.region, out,
+        move(ctx, geo.group, geo.sends, geo.recvs, mem.region, out,
              part_limit(ctx.itemsize, mem.room, group_sides(step, not mem.sliced)),
              mem.room // ctx.itemsize)
     mem.adopt(out)
-    return sent * ctx.itemsize
+    return geo.sent
 
 
-def _all_to_all_in_place(ctx, mem, step, comm):
-    """Pieces made contiguous slots, swapped pairwise in place, then placed.
+class _Moves:
+    """An all-to-all's geometry on this rank, worked out on its first run: its
+    group, the output block's shape, the pieces (:func:`_group_pieces`), the
+    bytes sent, and, for a move in one call (:func:`one_call`), its packing
+    (:class:`OneCall`)."""
 
-    With ``i < j`` a block transpose first makes each member's piece one slot
-    of ``(A, g, L)`` (``A`` = lengths before ``i``), and the received pieces
-    land already in target order; with ``i > j`` the slots exist as they
-    are and a block transpose after the swap puts the pieces in place.
-    Uneven shards are padded to the step's frame first (as XLA does).
-    """
-    i, j = step.dims
-    true_before = mem.pad(step)
-    g, shape, size = comm.Get_size(), list(mem.shape), mem.itemsize
-    cj = shape[j] // g
-    inner = math.prod(shape[j + 1:]) * size
-    if math.prod(shape) and g > 1:
-        if i < j:
-            a, rows = math.prod(shape[:i]), shape[i] * math.prod(shape[i + 1:j])
-            transpose(mem.buf, a, rows, g, cj * inner, mem.chunk)
-            _swap(ctx, mem, comm, a, rows * cj * inner)
+    __slots__ = ("group", "shape", "sends", "recvs", "sent", "once")
+
+    def __init__(self, ctx, index, step, sliced, room):
+        self.group = ctx.groups.sub(step.axes)
+        self.shape = box_shape(_block(ctx, step.after))
+        self.sends, self.recvs, sent = _group_pieces(ctx, index, sliced)
+        self.sent = sent * ctx.itemsize
+        once = one_call(ctx, step, room)
+        self.once = None if not once else OneCall(self.group, self.sends, self.recvs,
+                                                  once == "even", ctx.itemsize)
+
+
+class OneCall:
+    """How a move's pieces go in one ``alltoall`` (``even``: all pieces one size)
+    or ``alltoallv``, both sides packed: this rank's own pieces (target index,
+    source index), the packs and unpacks (element offset, count, shape,
+    index), and the byte counts per member (worked out once)."""
+
+    __slots__ = ("own", "packs", "unpacks", "send_bytes", "recv_bytes", "sent", "total",
+                 "even")
+
+    def __init__(self, group, sends, recvs, even, itemsize):
+        n, me = group.size, group.rank
+        self.own = [(box_index(r.box), box_index(r.own)) for r in recvs if r.own is not None]
+        out = {s.peer: s for s in sends if s.peer != me}
+        into = {r.peer: r for r in recvs if r.own is None}
+        if even:
+            count = max([math.prod(x.box[1]) for x in [*out.values(), *into.values()]] + [0])
+            send_counts, recv_counts = [count] * n, [count] * n
         else:
-            _swap(ctx, mem, comm, math.prod(shape[:j]), cj * inner)
-            transpose(mem.buf, math.prod(shape[:j]), g, cj * math.prod(shape[j + 1:i]),
-                      shape[i] * math.prod(shape[i + 1:]) * size, mem.chunk)
-    shape[i], shape[j] = shape[i] * g, cj
-    mem.shape = tuple(shape)
-    after = _block(ctx, step.after)
-    mem.unpad(box_shape(after))
-    kept = math.prod(min(b1, a1) - max(b0, a0) if min(b1, a1) > max(b0, a0) else 0
-                     for (b0, b1), (a0, a1) in zip(_block(ctx, step.before), after))
-    return (math.prod(true_before) - kept) * size
+            send_counts = [math.prod(out[p].box[1]) if p in out else 0 for p in range(n)]
+            recv_counts = [math.prod(into[p].box[1]) if p in into else 0 for p in range(n)]
+        self.packs, self.unpacks = [], []
+        for pieces, counts, where in ((out, send_counts, self.packs),
+                                      (into, recv_counts, self.unpacks)):
+            at = 0
+            for p in range(n):
+                x = pieces.get(p)
+                if x is not None:
+                    where.append((at, math.prod(x.box[1]), x.box[1], box_index(x.box)))
+                at += counts[p]
+        self.sent, self.total = sum(send_counts), sum(send_counts) + sum(recv_counts)
+        self.send_bytes = [c * itemsize for c in send_counts]
+        self.recv_bytes = [c * itemsize for c in recv_counts]
+        self.even = even
 
 
-def _swap(ctx, mem, comm, a, length):
-    """In-place all-to-all of the slots of the front ``(a, g, length)`` bytes.
-
-    Slot ``m`` (``[:, m, :]``) goes to member ``m`` and is replaced by what
-    ``m`` sends: a symmetric pairing (this member swaps with
-    ``(k - me) mod g`` at place k, every pair once), in parts, paired in the
-    engine: a contiguous part (``a == 1``) is sent straight from its slot, a
-    strided one packed into the send ring; what arrives waits in the receive
-    ring until its place is released, then is copied in.  Unlike
-    ``MPI_IN_PLACE`` collectives, all the memory used is visible and
-    bounded: the rings take at most ``mem.chunk`` bytes.
-    """
-    g, me = comm.Get_size(), comm.Get_rank()
-    slots = Region(mem.buf[:a * g * length].reshape(a, g, length))
-    sends, recvs = [], []
-    for k in range(g):
-        p = (k - me) % g
-        if p == me:
-            continue
-        box = ((0, p, 0), (a, 1, length))
-        sends.append(Send((k,), p, box, False))
-        recvs.append(Recv((k,), p, box, False, False, None))
-    room = min(mem.chunk, 2 * (g - 1) * a * length)
-    move(ctx, comm, sends, recvs, slots, slots, ring_part_limit(1, mem.chunk, (a > 1, True)),
-         room, paired=True)
+def move_once(ctx, group, plan, source, target):
+    """Every piece but this rank's own in one ``alltoall`` or ``alltoallv`` of
+    ``plan`` (a :class:`OneCall`), both sides packed: for small blocks, where
+    the transport's own algorithm combines messages (MPICH's small-message
+    Alltoall takes log2 G rounds; at 8 ranks, 4 KiB blocks, c01 1.18 ms in
+    rounds of Isend/Irecv, 0.74 ms so).  Needs both packed sides in the
+    scratch room."""
+    src = source.base if source.whole else source.view()
+    dst = target.base if target.whole else target.view()
+    for into, own in plan.own:
+        dst[into] = src[own]
+    packed = ctx.scratch(plan.total, src.dtype)
+    for at, k, shape, index in plan.packs:
+        packed[at:at + k].reshape(shape)[...] = src[index]
+    sent = plan.sent
+    back = packed[sent:]
+    ctx.calls += 1
+    if plan.even:
+        group.alltoall(packed[:sent], back)
+    else:
+        group.alltoallv(packed[:sent], plan.send_bytes, back, plan.recv_bytes)
+    for at, k, shape, index in plan.unpacks:
+        dst[index] = back[at:at + k].reshape(shape)
 
 
 def _reduce_scatter(ctx, mem, index, step):
     """This member's part of the group's reduction.
 
-    Within the reduction room, one ``Reduce_scatter`` (from the block when
+    Within the reduction room, one ``reduce_scatter`` (from the block when
     its parts follow each other, else after packing them, or in place);
-    past it, pipelined parts combined by numpy in a fixed order (no MPI
-    buffers, no round that waits for every member); rounds of
-    ``Reduce_scatter`` when the slack holds no part.
+    past it, pipelined parts combined by numpy in a fixed order (no
+    transport buffers, no round that waits for every member).
     """
     (j,) = step.dims
-    comm = ctx.mc.sub(step.axes)
-    g, me = comm.Get_size(), comm.Get_rank()
-    op = mpi_op(ctx, ctx.plan.src.op)
-    reducer = ctx.combiner(ctx.plan.src.op)
-    if mem.in_place(step):
-        return _reduce_scatter_in_place(ctx, mem, step, comm, op, reducer)
-    digits = ctx.mc.digits
+    group = ctx.groups.sub(step.axes)
+    g, me = group.size, group.rank
+    op = ctx.plan.src.op
+    reducer = ctx.combiner(op)
+    if mem.rearranges and mem.in_place(step):
+        return mem.reduce_scatter(ctx, step, group, op, reducer)
+    digits = ctx.groups.digits
     mine_b = _block(ctx, step.before)
     region = mem.region
     src = region.view()
@@ -390,7 +381,7 @@ def _reduce_scatter(ctx, mem, index, step):
         counts.append(math.prod(shape))
     out = mem.output(box_shape(_block(ctx, step.after)))
     send_packs = mem.sliced or any(n > 1 for n in step.local_shape_before[:j])
-    if sum(counts) <= reduce_limit(ctx):
+    if sum(counts) <= reduce_limit(ctx, group):
         if all(n == 1 for n in region.shape[:j]) and region.whole:
             packed = region.base
         else:
@@ -399,194 +390,111 @@ def _reduce_scatter(ctx, mem, index, step):
             for view, n in zip(views, counts):
                 packed[at:at + n].reshape(view.shape)[...] = view
                 at += n
-        reduce_scatter(ctx, comm, packed, counts, out, op)
+        ctx.calls += 1
+        group.reduce_scatter(packed, out, counts, op)
     else:
-        reduce_by_parts(ctx, comm, region, boxes, Region(out), reducer, send_packs,
+        reduce_by_parts(ctx, group, region, boxes, Region(out), reducer, send_packs,
                         reduction_rings(ctx, mem.room))
     mem.adopt(Region(out))
     return sum(c for m, c in enumerate(counts) if m != me) * ctx.itemsize
 
 
-def _reduce_scatter_in_place(ctx, mem, step, comm, op, reducer):
-    (j,) = step.dims
-    g, me = comm.Get_size(), comm.Get_rank()
-    outer = math.prod(step.local_shape_before[:j])      # from the plan: alike on every rank
-    if outer > 1:
-        mem.pad(step)
-        outer = math.prod(mem.shape[:j])
-    shape = mem.shape
-    inner = math.prod(shape[j + 1:])
-    if outer > 1:
-        if not mem.pretransposed:
-            transpose(mem.buf, 1, outer, g, shape[j] // g * inner * mem.itemsize, mem.chunk)
-        mem.pretransposed = False
-        counts = [outer * (shape[j] // g) * inner] * g
-    else:
-        lengths = [mem.block(step.after, member_digits(ctx.mc.digits, step.axes, m))[j]
-                   for m in range(g)]
-        rows = math.prod(shape[:j])     # 0 or 1 here: alike on the group's members
-        counts = [(hi - lo) * inner * rows for lo, hi in lengths]
-    flat = mem.typed((sum(counts),))
-    offsets = [sum(counts[:m]) for m in range(g)]
-    boxes = {m: ((offsets[m],), (c,)) for m, c in enumerate(counts)}
-    if sum(counts) <= reduce_limit(ctx):
-        reduce_scatter(ctx, comm, flat, counts, None, op)
-    else:
-        reduce_by_parts(ctx, comm, Region(flat), boxes, Region(flat, *boxes[me]), reducer,
-                        False, reduction_rings(ctx, mem.room))
-        size = mem.itemsize
-        compact(mem.buf, (sum(counts) * size,), (offsets[me] * size,), (counts[me] * size,), 1,
-                mem.chunk)
-    mem.shape = tuple(counts[me] // max(1, outer * inner) if k == j else n
-                      for k, n in enumerate(shape))
-    mem.unpad(box_shape(mem.block(step.after)))
-    return (sum(counts) - counts[me]) * mem.itemsize
-
-
-def reduction_rings(ctx, room):
-    """Bytes for a reduction's rings: the pack room, at least the reduction
-    room (W/2, which the budget sets aside for reductions: MPI's buffers in
-    rounds of ``Reduce_scatter`` or ``Allreduce``, which this replaces) and
-    at most twice it (fresh rings of tens of MiB cost more in page faults
-    than larger parts save: 8 ranks, c11 36 ms with 8.5 MiB rings, 45-68 ms
-    with 55 MiB).  From the plan and W: alike on every rank."""
-    return min(max(room, ctx.reduce_room), 2 * ctx.reduce_room)
-
-
-def reduce_by_parts(ctx, comm, source, boxes, target, reducer, send_packs, room):
-    """A reduce-scatter by parts: ``boxes[m]`` (relative to ``source``) goes to
-    member m; what the members send this rank is combined into ``target`` (a
-    :class:`Region`) by ``reducer``, this member's own piece first, then
-    member me + 1, me + 2, ... (keys ``(p - q) mod g``): the same order on
-    every run and every replica of the group.  Memory: ``room`` bytes of
-    rings (:func:`reduction_rings`: at least 64 KiB, so parts of at least
-    ``MIN_PART`` fit); MPI reduces nothing, so it allocates nothing.
-    """
-    limit = part_limit(ctx.itemsize, room, (send_packs, True))
-    g, me = comm.Get_size(), comm.Get_rank()
-    whole = ((0,) * len(target.shape), tuple(target.shape))
-    sends = [Send(((me - m) % g,), m, boxes[m], False) for m in range(g)
-             if m != me and math.prod(boxes[m][1])]
-    recvs = [Recv(((m - me) % g,), m, whole, False, m != me, boxes[me] if m == me else None)
-             for m in range(g) if math.prod(whole[1])]
-    move(ctx, comm, sends, recvs, source, target, limit, room // ctx.itemsize, reducer)
-
-
 def _all_reduce(ctx, mem, index, step):
-    """One ``Allreduce`` within the reduction room; past it, a reduce-scatter of
+    """One ``allreduce`` within the reduction room; past it, a reduce-scatter of
     slices by pipelined parts (each member reduces one slice) and an in-place
-    ``Allgather`` of the slices, or rounds of ``Allreduce`` when the rings
-    cannot hold a part."""
-    comm = ctx.mc.sub(step.axes)
-    op = mpi_op(ctx, ctx.plan.src.op)
-    if mem.in_place(step):
-        src = out = mem.typed(mem.shape)
+    ``allgather`` of the slices."""
+    group = ctx.groups.sub(step.axes)
+    op = ctx.plan.src.op
+    if mem.rearranges and mem.in_place(step):
+        src = out = mem.whole()
     else:
         region = mem.region
         src = region.base if region.whole else ctx.xp.ascontiguousarray(region.view())
         out = mem.output(src.shape)
-    synchronize(src)
     flat, whole = src.reshape(-1), out.reshape(-1)
-    if flat.size <= reduce_limit(ctx):
-        allreduce(ctx, comm, None if out is src else flat, whole, op)
+    if flat.size <= reduce_limit(ctx, group):
+        ctx.calls += 1
+        group.allreduce(None if out is src else flat, whole, op)
     else:
-        _reduce_then_gather(ctx, mem, comm, flat, whole)
+        _reduce_then_gather(ctx, mem, group, flat, whole)
     mem.adopt(Region(out))
-    g = comm.Get_size()
+    g = group.size
     return 2 * out.size * (g - 1) // g * ctx.itemsize
 
 
-def _reduce_then_gather(ctx, mem, comm, flat, whole):
+def _reduce_then_gather(ctx, mem, group, flat, whole):
     """All-reduce as slices: member m reduces ``[m n / g, (m + 1) n / g)``
-    (:func:`reduce_by_parts`), then every slice is gathered in place.
-    ``whole`` may be ``flat`` itself (one buffer): no slice is written before
-    its sends have finished."""
-    g, me, size = comm.Get_size(), comm.Get_rank(), ctx.itemsize
+    (:func:`~mpiredist.runtime.reductions.reduce_by_parts`), then every slice
+    is gathered in place.  ``whole`` may be ``flat`` itself (one buffer): no
+    slice is written before its sends have finished."""
+    g, me, size = group.size, group.rank, ctx.itemsize
     n = flat.size
     bounds = [m * n // g for m in range(g + 1)]
     boxes = {m: ((bounds[m],), (bounds[m + 1] - bounds[m],)) for m in range(g)}
-    reduce_by_parts(ctx, comm, Region(flat), boxes, Region(whole, *boxes[me]),
+    reduce_by_parts(ctx, group, Region(flat), boxes, Region(whole, *boxes[me]),
                     ctx.combiner(ctx.plan.src.op), False, reduction_rings(ctx, mem.room))
-    collectives.allgather(ctx, comm, None, whole, [(bounds[m + 1] - bounds[m]) * size
-                                                   for m in range(g)],
-                          [b * size for b in bounds[:-1]])
+    ctx.calls += 1
+    group.allgather(None, whole, [(bounds[m + 1] - bounds[m]) * size for m in range(g)])
 
 
 def _permute(ctx, mem, index, step):
     """Send the block whole to one rank, receive another's.
 
-    In place, both ends of a message must agree on its size, so the choice
-    between one message and parts comes from the plan: straight into free
-    space of the buffer when the largest blocks before and after fit beside
-    each other in a buffer whose size is the same on every rank (not a
-    donated block's own memory, whose size differs); otherwise in parts,
-    paired in the engine: every part is sent straight from the block, and
-    part k of the incoming block waits in a receive ring of at most half the
-    workspace until send k has finished, then is copied to the front (it
-    overwrites only what parts 0..k held: the block starts at or after the
-    front).
+    Out of place: one ``sendrecv`` of the block (a box of a larger array
+    where the transport takes one; a sliced block on a transport that takes
+    none goes in parts through the rings, from the plan alike on both ends).
+    In place: the one-buffer strategy's half.
     """
-    mc = ctx.mc
+    groups = ctx.groups
     mesh = ctx.plan.mesh
     dest, source = ctx.route(("permute", index), lambda: (
-        permute_dest(mesh, step.before, step.after, mc.digits),
-        permute_source(mesh, step.before, step.after, mc.digits)))
-    if dest == mc.rank and source == mc.rank:
+        permute_dest(mesh, step.before, step.after, groups.digits),
+        permute_source(mesh, step.before, step.after, groups.digits)))
+    me = groups.rank
+    if dest == me and source == me:
         mem.unchanged()
         return 0
-    sent = _volume(_block(ctx, step.before)) * ctx.itemsize if dest != mc.rank else 0
+    sent = math.prod(box_shape(_block(ctx, step.before))) * ctx.itemsize if dest != me else 0
     after = box_shape(_block(ctx, step.after))
-    if not mem.in_place(step):
-        region = mem.region
-        out = mem.output(after)
-        send = ctx.whole(region)
-        synchronize(region.base)
-        ctx.calls += 1
-        mc.comm.Sendrecv(send, dest, recvbuf=message(ctx, out, out.size * ctx.itemsize),
-                         source=source)
-        mem.adopt(Region(out))
+    group = groups.group
+    if mem.rearranges and mem.in_place(step):
+        mem.permute(ctx, step, group, dest, source, after)
         return sent
-    nbytes = math.prod(mem.shape) * mem.itemsize
-    recv = math.prod(after) * mem.itemsize
-    most = (math.prod(step.local_shape_before) + math.prod(step.local_shape_after)) \
-        * mem.itemsize
-    if not mem.in_block and most <= mem.buf.size:
-        mem.to_front()
+    region = mem.region
+    out = mem.output(after)
+    if ctx.strided or not mem.sliced:
+        view = region.view()
         ctx.calls += 1
-        mc.comm.Sendrecv(message(ctx, mem.buf, nbytes), dest,
-                         recvbuf=message(ctx, mem.buf, recv, nbytes), source=source)
-        mem.offset, mem.shape = nbytes, after
-        return sent
-    o = mem.offset
-    source_bytes = Region(mem.buf[o:o + nbytes])
-    target_bytes = Region(mem.buf[:recv])
-    move(ctx, mc.comm, [Send((0,), dest, ((0,), (nbytes,)), False)],
-         [Recv((0,), source, ((0,), (recv,)), False, False, None)], source_bytes, target_bytes,
-         ring_part_limit(1, mem.chunk, (False, True)), min(mem.chunk, max(recv, 1)),
-         paired=True)
-    mem.offset, mem.shape = 0, after
+        group.sendrecv(view if view.flags.c_contiguous else
+                       Strided(region.base, region.starts, region.shape), dest, out, source)
+    else:
+        shape = region.shape
+        room = max(0, mem.room) // ctx.itemsize
+        move(ctx, group, [Send((0,), dest, ((0,) * len(shape), shape), False)],
+             [Recv((0,), source, ((0,) * len(after), after), False, False, None)],
+             region, Region(out), part_limit(ctx.itemsize, mem.room, (True, False)), room)
+    mem.adopt(Region(out))
     return sent
 
 
 def _exchange(ctx, mem, index, step):
     """The pieces of the piece model (:mod:`mpiredist.planning.pieces`) on the
     mesh's blocks, moved by the engine into a separate output."""
-    comm = ctx.mc.comm
+    group = ctx.groups.group
     ex, sides = _exchange_of(ctx, index, mem.sliced)
     out = Region(mem.output(box_shape(_block(ctx, step.after))))
     once = one_call(ctx, step, mem.room)
     if once:
-        move_once(ctx, comm, ex.sends, ex.recvs, mem.region, out, False)
+        key = ("once", index, mem.sliced)
+        plan = ctx.routes.get(key)
+        if plan is None:
+            plan = ctx.routes[key] = OneCall(group, ex.sends, ex.recvs, False, ctx.itemsize)
+        move_once(ctx, group, plan, mem.region, out)
     else:
-        move(ctx, comm, ex.sends, ex.recvs, mem.region, out,
+        move(ctx, group, ex.sends, ex.recvs, mem.region, out,
              part_limit(ctx.itemsize, mem.room, sides), mem.room // ctx.itemsize)
     mem.adopt(out)
     return ex.bytes_sent
-
-
-def _index(box):
-    """The index of a box (a view, also of a 0-d array)."""
-    return tuple(slice(s, s + k) for s, k in zip(*box)) + (Ellipsis,)
 
 
 STEPS = {"slice": _slice, "all_gather": _all_gather, "all_to_all": _all_to_all,

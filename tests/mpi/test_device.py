@@ -208,11 +208,13 @@ def test_staging_forbidden_raises_everywhere(monkeypatch):
 
 def test_cuda_awareness_is_agreed(monkeypatch):
     """One rank that says its MPI is not CUDA-aware makes every rank stage."""
-    from mpiredist.runtime.comm import gpu_support
+    from mpiredist.runtime.devices import gpu_support
+    from mpiredist.runtime.groups import as_group
     monkeypatch.setenv("MPIREDIST_GPU_AWARE", "1" if RANK else "0")
     comm = COMM.Dup()
     try:
-        all_ok(COMM, gpu_support(comm) == (False, True), f"agreed: {gpu_support(comm)}")
+        group = as_group(comm)
+        all_ok(COMM, gpu_support(group) == (False, True), f"agreed: {gpu_support(group)}")
     finally:
         comm.Free()
 

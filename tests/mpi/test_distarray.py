@@ -17,7 +17,7 @@ import oracle
 MPI = pytest.importorskip("mpi4py.MPI")
 
 import mpiredist as mr  # noqa: E402
-from mpiredist.runtime.comm import free_all  # noqa: E402
+from mpiredist.runtime.mpi import free_all  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()

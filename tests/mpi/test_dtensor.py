@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.tensor import (DTensor, Partial, Replicate, Shard,  # noqa: E402
                                       distribute_tensor)
 
-from mpiredist.core.peers import dtensor_boxes  # noqa: E402
+from mpiredist.core.placements import dtensor_boxes  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, P = COMM.Get_rank(), COMM.Get_size()
@@ -163,10 +163,10 @@ def cuda_locals(request, monkeypatch):
     import contextlib
 
     import fakecupy
-    from mpiredist.runtime.comm import GPU, _cache
+    from mpiredist.runtime.groups import as_group
     before = fakecupy.install()
     monkeypatch.setenv("MPIREDIST_GPU_AWARE", "1" if request.param == "aware" else "0")
-    _cache(COMM).pop(GPU, None)
+    as_group(COMM).kept.pop("gpu", None)
     plain = DTensor.to_local
 
     @contextlib.contextmanager
@@ -177,7 +177,7 @@ def cuda_locals(request, monkeypatch):
         finally:
             DTensor.to_local = plain
     yield request.param, on_device, fakecupy
-    _cache(COMM).pop(GPU, None)
+    as_group(COMM).kept.pop("gpu", None)
     fakecupy.uninstall(before)
 
 

@@ -23,7 +23,7 @@ import oracle
 MPI = pytest.importorskip("mpi4py.MPI")
 
 import mpiredist as mr  # noqa: E402
-from mpiredist.runtime.comm import topology  # noqa: E402
+from mpiredist.runtime.groups import topology  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -48,7 +48,7 @@ def _hybrid_or_none():
     per = t.per_node
     if per is None:
         return None
-    return mr.Mesh.hybrid({"tp": per}, {"dp": t.count}, COMM)
+    return mr.Mesh.hybrid({"tp": per}, {"dp": t.count}, COMM, topology=mr.topology(COMM))
 
 
 def test_hybrid_mesh_of_the_communicator_runs_and_its_plan_knows_the_nodes():
@@ -80,7 +80,7 @@ def test_hybrid_mesh_of_the_communicator_runs_and_its_plan_knows_the_nodes():
 def test_hybrid_refuses_on_every_rank_what_the_nodes_do_not_allow():
     t = topology(COMM)
     try:
-        mr.Mesh.hybrid({"tp": SIZE + 1}, {"dp": t.count}, COMM)
+        mr.Mesh.hybrid({"tp": SIZE + 1}, {"dp": t.count}, COMM, topology=t)
     except mr.MeshError as exc:
         err = str(exc)
     else:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import mpiredist as mr
-from mpiredist.core.peers import dtensor_boxes, shard_interval
+from mpiredist.core.placements import dtensor_boxes, shard_interval
 from mpiredist.planning.pieces import layout_boxes
 
 try:

@@ -1,9 +1,9 @@
-"""mpiredist.runtime.onebuffer: local moves inside one byte buffer, against numpy."""
+"""mpiredist.runtime.kernels: local moves inside one byte buffer, against numpy."""
 
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from mpiredist.runtime.onebuffer import compact, expand, transpose
+from mpiredist.runtime.kernels import compact, expand, transpose
 
 small = st.integers(0, 9)
 

@@ -1,4 +1,4 @@
-"""Layouts from and to the peers' types: DTensor placements and JAX PartitionSpecs (pure).
+"""Layouts from and to other libraries' types: DTensor placements and JAX PartitionSpecs (pure).
 
 PyTorch DTensor describes a layout per *mesh dim*: ``Shard(d)`` (this mesh
 dim splits tensor dim d), ``Replicate()``, ``Partial(op)``; several mesh dims

@@ -13,6 +13,11 @@ not code to run.  What a block may say, after the language on its fence
     ```python requires=torch run only where ``import torch`` works; else skipped
     ```python timeout=300    seconds before the run is killed (default --timeout)
 
+The API reference's pages show the docstrings of ``mpiredist.__all__``;
+their ``>>>`` examples run too, as doctests of the modules that define
+those names (one Python process, no MPI; ``# doctest: +SKIP`` marks the
+ones that need ranks), unless ``--no-docstrings``.
+
 A Python block runs under ``mpiexec -n N python -m mpi4py`` when its first
 line is a comment naming the launch, ``# mpiexec -n N ...`` (or
 ``mpirun``), and as plain ``python`` otherwise; ``-m mpi4py`` ends the whole
@@ -170,6 +175,39 @@ def run(block, mpiexec, timeout):
     return ok, time.perf_counter() - t0, output
 
 
+DOCTESTS = r"""
+import doctest, importlib, inspect, sys
+import mpiredist
+modules = sorted({o.__name__ if inspect.ismodule(o) else o.__module__
+                  for o in (getattr(mpiredist, n) for n in mpiredist.__all__)})
+flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+attempted = failed = 0
+for name in modules:
+    result = doctest.testmod(importlib.import_module(name), optionflags=flags)
+    attempted += result.attempted
+    failed += result.failed
+print(f"doctests: {attempted} attempted, {failed} failed in {len(modules)} modules")
+sys.exit(1 if failed else 0)
+"""
+
+
+def docstring_examples(timeout):
+    """Run the doctests of the modules behind ``mpiredist.__all__``.
+
+    Returns ``(attempted, failed, output)``.
+    """
+    try:
+        done = subprocess.run([sys.executable, "-c", DOCTESTS], capture_output=True,
+                              text=True, timeout=timeout, env=_environment(1), cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return 0, 1, f"doctests timed out after {timeout} s"
+    m = re.search(r"doctests: (\d+) attempted, (\d+) failed", done.stdout)
+    if m is None:
+        return 0, 1, done.stdout + done.stderr
+    attempted, failed = int(m.group(1)), int(m.group(2))
+    return attempted, max(failed, int(done.returncode != 0)), done.stdout + done.stderr
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -179,6 +217,8 @@ def main(argv=None):
         sys.executable)) or "mpiexec", help="the launcher (default: this venv's mpiexec)")
     parser.add_argument("--timeout", type=int, default=120, help="seconds per example")
     parser.add_argument("--list", action="store_true", help="list the examples, run none")
+    parser.add_argument("--no-docstrings", action="store_true", help="do not run the "
+                        "doctests of the API reference's docstrings")
     args = parser.parse_args(argv)
     files = [os.path.abspath(f) for f in args.files] or default_files()
     found = [b for f in files for b in blocks(f)]
@@ -203,6 +243,14 @@ def main(argv=None):
         (passed if ok else failed).append(b)
         if not ok:
             print("\n".join("    | " + line for line in output.rstrip().splitlines()[-40:]))
+    doc_passed = doc_failed = 0
+    if not args.list and not args.no_docstrings and not args.files:
+        attempted, doc_failed, output = docstring_examples(args.timeout)
+        doc_passed = attempted - doc_failed
+        print(f"{'ok' if not doc_failed else 'FAILED':7}  docstrings of mpiredist.__all__ "
+              f"(doctest: {attempted} examples, {doc_failed} failed)")
+        if doc_failed:
+            print("\n".join("    | " + line for line in output.rstrip().splitlines()[-40:]))
     ran = [b for b in passed + failed]
     by_language = {}
     for b in ran:
@@ -214,11 +262,14 @@ def main(argv=None):
           f"{len(norun)} marked norun, {len(skipped)} skipped for a missing module")
     if failed:
         print("failed: " + ", ".join(b.where for b in failed))
-    print(f"examples: {len(passed)} passed, {len(failed)} failed, "
+    if doc_passed or doc_failed:
+        print(f"and {doc_passed + doc_failed} docstring examples of the API reference "
+              f"(doctest): {doc_failed} failed")
+    print(f"examples: {len(passed) + doc_passed} passed, {len(failed) + doc_failed} failed, "
           f"{len(norun) + len(skipped)} skipped")
     if args.list:
         return 0
-    return 1 if failed or not ran else 0
+    return 1 if failed or doc_failed or not ran else 0
 
 
 if __name__ == "__main__":

@@ -90,7 +90,7 @@ class PlanCommand:
         parser.add_argument("--strategy", default="collectives", choices=STRATEGIES,
                             help=STRATEGY_HELP + " (default collectives)")
         parser.add_argument("--json", action="store_true",
-                            help="print the plan as one JSON object (README: Plans)")
+                            help="print the plan as one JSON object (docs/guide/plans.md)")
         parser.add_argument("--dst-mesh", metavar="AXES",
                             help="mesh of the target layout (default --mesh), e.g. a=2,b=4")
         parser.add_argument("--ranks", metavar="LIST",

@@ -9,7 +9,8 @@ Everything here is plain Python over the records of
 :func:`mpiredist.bench.runner.run_suite` (dicts, one per case and strategy);
 no MPI.  Tables and the progress bar use tabulate and tqdm (the ``bench``
 extra), imported only by :func:`display_libraries`; without them both fall
-back to plain text.  matplotlib is imported only by :func:`plot`.
+back to plain text.  matplotlib is imported only by :func:`plot` (through
+:mod:`mpiredist.draw`).
 """
 
 import json
@@ -480,15 +481,14 @@ def read_json(path):
 
 
 def require_matplotlib():
-    """Import and return ``matplotlib.pyplot`` (Agg), or raise ImportError saying how."""
+    """``matplotlib.pyplot`` on Agg (imported in one place: :mod:`mpiredist.draw`), or
+    an ImportError saying how to install it."""
+    from ..draw import require_matplotlib as pyplot
+
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        return pyplot()
     except ImportError as exc:
-        raise ImportError("--plot needs matplotlib: pip install matplotlib "
-                          "(or mpiredist[bench])") from exc
-    return plt
+        raise ImportError(f"--plot: {exc}") from exc
 
 
 def plot_figure(records):

@@ -90,7 +90,7 @@ class PlanCommand:
         parser.add_argument("--strategy", default="collectives", choices=STRATEGIES,
                             help=STRATEGY_HELP + " (default collectives)")
         parser.add_argument("--json", action="store_true",
-                            help="print the plan as one JSON object (README: Plans)")
+                            help="print the plan as one JSON object (docs/guide/plans.md)")
         parser.add_argument("--dst-mesh", metavar="AXES",
                             help="mesh of the target layout (default --mesh), e.g. a=2,b=4")
         parser.add_argument("--ranks", metavar="LIST",
@@ -106,6 +106,10 @@ class PlanCommand:
                                  "nodes) also prices them (plans on one mesh, or on two "
                                  "whose axes nest; between others it orders "
                                  "--dst-ranks auto)")
+        parser.add_argument("--draw", metavar="FILE.png",
+                            help="also draw the source and target layouts (which rank "
+                                 "holds which block) and the steps into FILE.png "
+                                 "(needs matplotlib: the bench extra)")
 
     @staticmethod
     def run(args):
@@ -133,6 +137,13 @@ class PlanCommand:
                  strategy=args.strategy, dst_mesh=dst_mesh, topology=topology)
         # default=str: the dtype is a numpy dtype object in Plan.to_dict.
         print(p.to_json(indent=2, default=str) if args.json else p.explain())
+        if args.draw:
+            from .draw import draw_plan
+            try:
+                draw_plan(p, args.draw)
+            except (ImportError, OSError) as exc:
+                raise MpiredistError(f"--draw {args.draw}: {exc}") from None
+            print(f"drew the plan into {args.draw}", file=sys.stderr)
         return 0
 
 

@@ -358,6 +358,28 @@ if has_mpi system; then
     fi
 fi
 
+# The documentation (scripts/docs_ci.sh: sphinx -W, every example of the README
+# and the pages under the venv's mpiexec, the pages in headless chromium,
+# screenshots into $LOGROOT/docs) and the package from its wheel
+# (scripts/wheel_ci.sh: sdist and wheel, the wheel in a fresh venv, 2 ranks).
+# MPIREDIST_TEST_DOCS=0 / MPIREDIST_TEST_WHEEL=0 skip them.
+if [ "${MPIREDIST_TEST_DOCS:-1}" = 1 ] && has_mpi mpich; then
+    header "docs: scripts/docs_ci.sh (sphinx -W, every example, chromium; screenshots in $LOGROOT/docs)"
+    t="$(now)"
+    rc=0
+    timeout "${MPIREDIST_DOCS_STAGE_TIMEOUT:-900}" env MPIREDIST_VENV="$PWD/.venv" \
+        MPIREDIST_DOCS_ARTIFACTS="$LOGROOT/docs" bash scripts/docs_ci.sh || rc=$?
+    finish "docs" "$rc" "$t" "rc"
+fi
+if [ "${MPIREDIST_TEST_WHEEL:-1}" = 1 ]; then
+    header "wheel: scripts/wheel_ci.sh (python -m build, the wheel in a fresh venv, 2 ranks)"
+    t="$(now)"
+    rc=0
+    timeout "${MPIREDIST_WHEEL_STAGE_TIMEOUT:-600}" env PYTHON="$PWD/.venv/bin/python" \
+        bash scripts/wheel_ci.sh || rc=$?
+    finish "wheel" "$rc" "$t" "rc"
+fi
+
 # A real single-node Slurm (Debian's slurmctld, slurmd, munge), started and
 # stopped by scripts/slurm_ci.sh: slurm/tests.sbatch and slurm/bench.sbatch
 # submitted with sbatch --wait on the PyPI MPICH venv, their outputs checked.

@@ -111,8 +111,12 @@ def build_parser():
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", metavar="FILE", help="write one record per case and "
                    "strategy, the skipped ones and a summary to FILE")
-    p.add_argument("--plot", metavar="FILE.png", help="plot time and E/max(S,T) per case "
-                   "and strategy (needs matplotlib)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw time over raw MPI's and "
+                   "E/max(S,T) against the bound per case and strategy (needs matplotlib)")
+    p.add_argument("--table", action="store_true", help="also print the full table: one "
+                   "line per case and strategy, 20 columns (always in --json)")
+    p.add_argument("--from-json", metavar="FILE", help="run nothing: read the results of "
+                   "an earlier --json FILE and print (and --plot) them; no MPI")
     p.add_argument("--cases", metavar="IDS", help="comma-separated shared cases "
                    "(c01,c04 or full ids); 'none' for only the --mesh case")
     p.add_argument("--scale", type=int, metavar="K", help="divide every case's lengths "
@@ -209,6 +213,8 @@ def main(argv=None, comm=None):
     ``comm`` defaults to ``MPI.COMM_WORLD``; every rank of it calls this.
     """
     args = build_parser().parse_args(argv)
+    if args.from_json:
+        return _from_json(args)
     try:
         opts = _Options(args)
         if args.plan_only:
@@ -351,12 +357,7 @@ def _run(args, opts, comm):
         print(f"mpiredist bench: {comm.Get_size()} ranks, scale {opts.scale}, "
               f"{opts.repeats} repeats, dtype {opts.dtype}; time = max over ranks"
               + (f"; * = mesh mapped onto {comm.Get_size()} devices" if mapped else ""))
-        print(report.format_table(records))
-        print(report.format_summary(summary))
-        for line in _skipped_lines(skipped):
-            print(line)
-        for line in found:
-            print(line)
+        _print_results(records, summary, skipped, found, args.table)
         print(f"wall time {wall:.1f} s for {len(entries)} cases")
         meta = {"ranks": comm.Get_size(), "scale": opts.scale, "repeats": opts.repeats,
                 "dtype": opts.dtype, "seed": args.seed, "strategies": opts.strategies,
@@ -367,6 +368,45 @@ def _run(args, opts, comm):
             report.plot(records, args.plot)
     comm.Barrier()                                # files exist on return, for every rank
     return 0 if summary["all_correct"] else 1
+
+
+def _print_results(records, summary, skipped, found, table):
+    """The per-case lines, the full table if asked, the summary, skips and findings."""
+    from . import report
+
+    if table:
+        print(report.format_table(records))
+        print()
+    print("per case, ours (collectives): median time, x raw MPI, x XLA's plan, bytes "
+          "sent over the lower bound, E and the limit over max(S,T)"
+          + ("" if table else "; every strategy: --table or --json"))
+    print(report.format_cases(records))
+    print(report.format_summary(summary))
+    for line in _skipped_lines(skipped):
+        print(line)
+    for line in found:
+        print(line)
+
+
+def _from_json(args):
+    """``--from-json FILE``: print (and ``--plot``) the results of an earlier run."""
+    from . import report
+
+    try:
+        doc = report.read_json(args.from_json)
+        if args.plot:
+            report.require_matplotlib()
+    except (OSError, ValueError, ImportError) as exc:
+        return _fail(exc)
+    records = doc["records"]
+    print(f"mpiredist bench results from {args.from_json}: {doc.get('ranks', '?')} ranks, "
+          f"scale {doc.get('scale', '?')}, {doc.get('repeats', '?')} repeats, "
+          f"dtype {doc.get('dtype', '?')}; time = max over ranks")
+    _print_results(records, doc.get("summary") or report.summarize(records),
+                   doc.get("skipped", []), doc.get("findings", []), args.table)
+    if args.plot:
+        report.plot(records, args.plot)
+    return 0 if all(r.get("correct") for r in records) else 1
 
 
 def _note_plain_text():

@@ -1,10 +1,16 @@
 """Benchmark results: ratios, summary, findings, tables, JSON, plot, progress.
 
+The bench prints :func:`format_cases` (one line per case: ours against raw
+MPI, XLA's plan and the bounds) and :func:`format_summary`; the full table of
+every case and strategy (:func:`format_table`) only with ``--table``, and
+every field in ``--json``.
+
 Everything here is plain Python over the records of
 :func:`mpiredist.bench.runner.run_suite` (dicts, one per case and strategy);
 no MPI.  Tables and the progress bar use tabulate and tqdm (the ``bench``
 extra), imported only by :func:`display_libraries`; without them both fall
-back to plain text.  matplotlib is imported only by :func:`plot`.
+back to plain text.  matplotlib is imported only by :func:`plot` (through
+:mod:`mpiredist.draw`).
 """
 
 import json
@@ -14,8 +20,8 @@ import sys
 
 __all__ = ["NOISE", "INPLACE_TARGET", "REQUIRED_KEYS", "MISSING_NOTE", "Progress",
            "display_libraries", "geomean", "add_ratios", "inplace_ratios", "summarize",
-           "findings", "format_summary", "format_table", "to_json", "write_json", "plot",
-           "require_matplotlib"]
+           "findings", "format_cases", "format_summary", "format_table", "to_json",
+           "write_json", "read_json", "plot", "plot_figure", "require_matplotlib"]
 
 # A median ratio above this is a difference, not noise (shared 2-core machines).
 NOISE = 1.05
@@ -327,6 +333,41 @@ def _row(r):
             _num(r.get("ratio_vs_collectives"), ".2f"))
 
 
+_CASE_HEAD = ("case", "mesh", "ours ms", "x raw", "x xla", "sent/bound", "E/max", "lim/max",
+              "ok")
+
+
+def format_cases(records):
+    """One line per case: ours (``collectives``) against raw MPI, XLA's plan and the
+    bounds.
+
+    Columns: ``ours ms`` the median time of ``collectives``; ``x raw`` and
+    ``x xla`` that time over raw MPI's and over XLA's plan's (``-`` where the
+    case has no such run, or raw sends nothing); ``sent/bound`` the bytes
+    sent per rank over the lower bound (no plan can send less); ``E/max``
+    the bytes newly allocated at the peak over max(S, T) (the plan's bound:
+    no intermediate block is larger) and ``lim/max`` the contract's limit
+    max(S, T) + W on the same scale; ``ok`` whether every strategy's result
+    of the case was correct.  Cases without a ``collectives`` run are left
+    out.
+    """
+    rows = []
+    for runs in _by_case(records).values():
+        ours = runs.get("collectives")
+        if ours is None:
+            continue
+        bound = ours["lower_bound_bytes_per_rank"]
+        sent = ours["bytes_sent_per_rank"]
+        over = sent / bound if bound else (1.0 if sent == 0 else None)
+        rows.append((ours["case"],
+                     ours["mesh"] + ("*" if ours.get("mapped") else ""),
+                     _num(ours["median_s"] * 1e3, ".3f"), _num(ours.get("ratio_vs_raw"), ".2f"),
+                     _num(ours.get("ratio_vs_xla"), ".2f"), _num(over, ".2f"),
+                     _num(ours["peak_over_max"], ".2f"), _num(ours.get("limit_over_max"), ".2f"),
+                     "yes" if all(r["correct"] for r in runs.values()) else "NO"))
+    return _table(rows, _CASE_HEAD, ["left", "left"] + ["right"] * (len(_CASE_HEAD) - 2))
+
+
 def _table(rows, head, align, rule=True):
     """``rows`` of strings under ``head``, each column aligned "left" or "right".
 
@@ -423,41 +464,106 @@ def write_json(path, *args, **kwargs):
         f.write(to_json(*args, **kwargs) + "\n")
 
 
+def read_json(path):
+    """The document :func:`write_json` wrote: a dict with ``records`` and ``summary``.
+
+    Raises
+    ------
+    ValueError
+        If the file is not JSON or has no list of records.
+    """
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
+        raise ValueError(f"{path}: not a bench result (no list of records); write one "
+                         "with python -m mpiredist.bench --json FILE")
+    return doc
+
+
 def require_matplotlib():
-    """Import and return ``matplotlib.pyplot`` (Agg), or raise ImportError saying how."""
+    """``matplotlib.pyplot`` on Agg (imported in one place: :mod:`mpiredist.draw`), or
+    an ImportError saying how to install it."""
+    from ..draw import require_matplotlib as pyplot
+
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        return pyplot()
     except ImportError as exc:
-        raise ImportError("--plot needs matplotlib: pip install matplotlib "
-                          "(or mpiredist[bench])") from exc
-    return plt
+        raise ImportError(f"--plot: {exc}") from exc
 
 
-def plot(records, path):
-    """Two panels: median time per case and strategy (log), and E/max(S,T)."""
+def plot_figure(records):
+    """Two panels per case and strategy: time over raw MPI's, and memory over the bound.
+
+    Top: median time over the median of ``raw`` (one bare MPI collective
+    of the same bytes), log scale, a line at 1; cases where raw sends
+    nothing have no bars.  Bottom: E / max(S, T), the bytes newly
+    allocated at the peak over the plan's bound (a line at 1), each bar
+    with a black tick at the contract's limit max(S, T) + W on the same
+    scale (a triangle at the top where the limit is above the axis, which
+    follows E).  ``raw`` itself is left out of the top panel.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Close it with ``matplotlib.pyplot.close(fig)``.
+    """
     plt = require_matplotlib()
     cases = list(dict.fromkeys(r.get("label", r["case"]) for r in records))
     strategies = list(dict.fromkeys(r["strategy"] for r in records))
     index = {(r.get("label", r["case"]), r["strategy"]): r for r in records}
     width = 0.8 / max(1, len(strategies))
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 0.7 * len(cases) + 3), 8),
+    colours = plt.get_cmap("tab10")
+    limits = []
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(9, 0.75 * len(cases) + 3), 8.5),
                                       sharex=True)
     for k, s in enumerate(strategies):
         xs = [i + (k - (len(strategies) - 1) / 2) * width for i in range(len(cases))]
         rs = [index.get((c, s)) for c in cases]
-        top.bar(xs, [r["median_s"] * 1e3 if r else 0 for r in rs], width, label=s)
-        bottom.bar(xs, [r["peak_over_max"] if r else 0 for r in rs], width, label=s)
+        if s != "raw":
+            pts = [(x, r["ratio_vs_raw"]) for x, r in zip(xs, rs)
+                   if r is not None and r.get("ratio_vs_raw")]
+            if pts:
+                top.bar([x for x, _ in pts], [v for _, v in pts], width, label=s,
+                        color=colours(k % 10))
+        pts = [(x, r) for x, r in zip(xs, rs) if r is not None]
+        bottom.bar([x for x, _ in pts], [r["peak_over_max"] for _, r in pts], width,
+                   label=s, color=colours(k % 10))
+        limits += [(x, r["limit_over_max"]) for x, r in pts if r.get("limit_over_max")]
+    # the limit's W is at least 1 MiB: on small blocks the limits dwarf E, so the
+    # axis follows E and a limit above it is a triangle at the top
+    top_e = max(1.3, 1.15 * max((r["peak_over_max"] for r in records), default=0))
+    bottom.set_ylim(0, top_e)
+    inside = [(x, v) for x, v in limits if v <= top_e]
+    above = [x for x, v in limits if v > top_e]
+    if inside:
+        bottom.scatter([x for x, _ in inside], [v for _, v in inside], marker="_", s=60,
+                       color="black", linewidths=1.5, zorder=3)
+    if above:
+        bottom.scatter(above, [top_e * 0.97] * len(above), marker="^", s=18, color="black",
+                       zorder=3)
+    top.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     top.set_yscale("log")
-    top.set_ylabel("median time (ms, log)")
-    top.legend(ncol=len(strategies), fontsize="small")
+    top.set_ylabel("median time / raw MPI's (log)")
+    top.legend(ncol=min(len(strategies), 5), fontsize="small", loc="upper left")
     ranks = records[0]["ranks"] if records else 0
-    top.set_title(f"mpiredist benchmark, {ranks} ranks")
+    top.set_title(f"mpiredist benchmark, {ranks} ranks: time against one bare MPI "
+                  "collective of the same bytes")
     bottom.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     bottom.set_ylabel("E / max(S, T)")
+    bottom.set_title("memory newly allocated at the peak (E) against the bound max(S, T); "
+                     "tick: the limit max(S, T) + W, \u25b2: a limit above the axis",
+                     fontsize="medium")
     bottom.set_xticks(range(len(cases)))
     bottom.set_xticklabels(cases, rotation=45, ha="right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
+
+
+def plot(records, path):
+    """Write :func:`plot_figure` of ``records`` to ``path`` (PNG, SVG or PDF)."""
+    plt = require_matplotlib()
+    fig = plot_figure(records)
+    try:
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)

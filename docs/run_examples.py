@@ -130,6 +130,8 @@ def _missing(block):
 def _environment(ranks):
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    # the research harnesses (python -m benchmarks.X) live beside the package
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if ranks > (os.cpu_count() or 1):
         # MPICH busy-polls otherwise (scripts/common.sh: mpi_oversubscription_env)

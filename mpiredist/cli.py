@@ -147,72 +147,6 @@ class PlanCommand:
         return 0
 
 
-@command("model", help="model the run time of every strategy on N ranks (no MPI)")
-class ModelCommand:
-    """The plan-only table of :func:`mpiredist.bench.plan_only_table`."""
-
-    @staticmethod
-    def add_arguments(parser):
-        from . import bench
-        from .planning.model import ALPHA, BETA, MEMORY_BANDWIDTH
-        parser.add_argument("--ranks", type=_positive_int, metavar="N",
-                            help="devices to scale each case's mesh to (its size times "
-                                 "a power of two); default: each case's own mesh")
-        parser.add_argument("--case", action="append", metavar="ID",
-                            help="shared case to model, e.g. c04 (repeatable; default all)")
-        parser.add_argument("--strategy", action="append", choices=bench.STRATEGIES,
-                            help="strategy to model (repeatable; default all; xla only "
-                                 "on a case's own mesh)")
-        _add_case_flags(parser, required=False)
-        parser.add_argument("--scale", type=int, default=1,
-                            help="divide every case length by this first (default 1)")
-        parser.add_argument("--keep-shape", action="store_true",
-                            help="keep the shape when scaling the mesh up (strong "
-                                 "scaling) instead of growing it (weak scaling)")
-        parser.add_argument("--alpha", type=float, default=ALPHA,
-                            help=f"seconds per message (default {ALPHA:g})")
-        parser.add_argument("--beta", type=float, default=BETA,
-                            help=f"bytes per second per rank (default {BETA:g})")
-        parser.add_argument("--memory-bandwidth", type=float, default=MEMORY_BANDWIDTH,
-                            help="bytes per second of a local copy "
-                                 f"(default {MEMORY_BANDWIDTH:g})")
-        parser.add_argument("--json", action="store_true",
-                            help="print the rows as a JSON list")
-
-    @staticmethod
-    def run(args):
-        import json
-
-        from . import bench
-        from .core.layout import Layout
-        from .core.mesh import Mesh
-        from .planning.model import Network
-        given = [v is not None for v in (args.mesh, args.shape, args.src, args.dst)]
-        if any(given) and not all(given):
-            raise MpiredistError("a user case needs all of --mesh, --shape, --src, --dst")
-        if all(given):
-            cases = [bench.Case("user", dict(Mesh(args.mesh).axes), parse_shape(args.shape),
-                                Layout.parse(args.src), Layout.parse(args.dst))]
-        elif args.case:
-            try:
-                cases = [bench.get_case(c) for c in args.case]
-            except KeyError as exc:
-                raise MpiredistError(exc.args[0]) from None
-        else:
-            cases = None
-        try:
-            network = Network(args.alpha, args.beta, args.memory_bandwidth)
-        except ValueError as exc:
-            raise MpiredistError(str(exc)) from None
-        rows = bench.plan_only_table(args.ranks, args.strategy or bench.STRATEGIES, cases,
-                                     args.scale, network, args.keep_shape)
-        if args.json:
-            print(json.dumps([r.to_dict() for r in rows], indent=2))
-        else:
-            print(bench.format_table(rows))
-        return 0
-
-
 @command("calibrate", help="measure this machine's profile for the planner (run under MPI)")
 class CalibrateCommand:
     """Measure latency, bandwidth per collective and group size, packing and
@@ -221,14 +155,21 @@ class CalibrateCommand:
 
     @staticmethod
     def add_arguments(parser):
-        from . import bench
         from .planning.profile import default_path
-        bench.calibrate_arguments(parser, default_path())
+        _calibrate().calibrate_arguments(parser, default_path())
 
     @staticmethod
     def run(args):
-        from . import bench
-        return bench.calibrate_run(args)
+        return _calibrate().calibrate_run(args)
+
+
+def _calibrate():
+    """The runtime's calibration (:mod:`mpiredist.runtime.calibrate`), imported when
+    the command runs: it uses MPI, which ``python -m mpiredist`` imports only
+    then (a dynamic import, as the package root's, so that no static import
+    path from the CLI leads to mpi4py)."""
+    import importlib
+    return importlib.import_module("mpiredist.runtime.calibrate")
 
 
 def build_parser():

@@ -153,9 +153,9 @@ fi
 OMPI_ENV=("${MPI_RUN_ENV[@]}")
 OMPI_RUN="$OMPI_VENV/bin/mpirun"
 # Allocator settings the resident-set tests need from process start.
-read -r -a RSS_ENV <<<"$("$VENV/bin/python" -c 'from mpiredist.bench.memory import RSS_ENVIRONMENT as e
+read -r -a RSS_ENV <<<"$("$VENV/bin/python" -c 'from mpiredist.bench.measure import RSS_ENVIRONMENT as e
 print(" ".join(f"{k}={v}" for k, v in e.items()))' 2>/dev/null || true)"
-[ "${#RSS_ENV[@]}" -gt 0 ] || log "warning: no mpiredist.bench.memory.RSS_ENVIRONMENT; the RSS tests will skip"
+[ "${#RSS_ENV[@]}" -gt 0 ] || log "warning: no mpiredist.bench.measure.RSS_ENVIRONMENT; the RSS tests will skip"
 record "venvs" ok "$t"
 
 # ---------------------------------------------------------------- cluster

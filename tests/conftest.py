@@ -1,7 +1,9 @@
 """Shared pytest set-up for the whole suite.
 
 Makes ``tests/`` importable (``import oracle``) whatever pytest's import
-mode, and registers the Hypothesis profiles:
+mode, and the repository root (``import benchmarks``: the research
+harnesses live beside the package, not in it), and registers the Hypothesis
+profiles:
 
 - ``ci`` (the default): no per-example deadline (CI machines are slow and
   shared), print the reproduction blob of a failure, do not fail on slow
@@ -17,8 +19,10 @@ import os
 import sys
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-if TESTS_DIR not in sys.path:
-    sys.path.insert(0, TESTS_DIR)
+ROOT_DIR = os.path.dirname(TESTS_DIR)
+for _path in (TESTS_DIR, ROOT_DIR):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 try:
     from hypothesis import HealthCheck, settings

@@ -12,7 +12,7 @@ import pytest
 from mpiredist.bench import report, runner
 from mpiredist.bench.__main__ import main
 from mpiredist.bench.cases import load_cases
-from mpiredist.bench.memory import settled, traced_peak, tracing
+from mpiredist.bench.measure import settled, traced_peak, tracing
 from mpiredist.core.layout import Layout
 from mpiredist.core.mesh import Mesh
 

@@ -1,5 +1,5 @@
 """The alpha-beta model (mpiredist.planning.model) and the plan-only table
-(mpiredist.bench.model); no MPI."""
+(mpiredist.bench.tables); no MPI."""
 
 import math
 import time
@@ -8,7 +8,7 @@ import pytest
 
 import mpiredist as mr
 from mpiredist.bench.cases import Case, get_case, load_cases
-from mpiredist.bench.model import format_table, grow_mesh, grow_shape, plan_only_table
+from mpiredist.bench.tables import format_table, grow_mesh, grow_shape, plan_only_table
 from mpiredist.bench.xla import xla_plan
 from mpiredist.core.errors import MeshError, PlanError
 from mpiredist.core.layout import Layout
@@ -95,7 +95,7 @@ def test_recv_peers_match_the_piece_model(case):
 
 
 def test_bench_reexports_the_planning_model():
-    import mpiredist.bench.model as bench_model
+    import mpiredist.bench.tables as bench_model
     import mpiredist.planning.model as model
     for name in ("Network", "Prediction", "predict", "step_rounds", "exchange_peers",
                  "recv_peers", "ALPHA", "BETA", "MEMORY_BANDWIDTH"):

@@ -1,4 +1,4 @@
-"""The soak's MPI-free parts: its cases and its oracle (mpiredist.bench.soak).
+"""The soak's MPI-free parts: its cases and its oracle (benchmarks.soak).
 
 The MPI run of the soak is ``tests/mpi/test_soak.py``; the last test here
 launches a job of its own (as ``tests/test_failure.py`` does).
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jobs import MPIEXEC, ROOT, job_env
 
-from mpiredist.bench import soak
+from benchmarks import soak
 from mpiredist.core.blocks import rank_block
 from mpiredist.core.layout import Layout
 from mpiredist.core.mesh import Mesh
@@ -132,7 +132,7 @@ def test_cases_cover_the_space():
 # mpiredist keeps on it, which frees what it holds.  Three soaks in one 5-rank job.
 _FREE_JOB = """
 from mpi4py import MPI
-from mpiredist.bench import soak
+from benchmarks import soak
 for _ in range(3):
     soak.soak(MPI.COMM_WORLD, 11, range(40))
 print("freed", MPI.COMM_WORLD.rank, flush=True)

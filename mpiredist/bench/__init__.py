@@ -8,19 +8,16 @@ uses them); each is imported from its submodule when first used, so
 
 import importlib
 
-__all__ = ["Case", "get_case", "load_cases", "STRATEGIES", "plan_only_table", "format_table",
-           "calibrate_run", "calibrate_arguments"]
+__all__ = ["Case", "get_case", "load_cases", "STRATEGIES", "plan_only_table", "format_table"]
 
 # public name -> submodule that defines it
 _LAZY = {
     "Case": ".cases",
     "get_case": ".cases",
     "load_cases": ".cases",
-    "STRATEGIES": ".model",
-    "plan_only_table": ".model",
-    "format_table": ".model",
-    "calibrate_run": ".calibrate",
-    "calibrate_arguments": ".calibrate",
+    "STRATEGIES": ".tables",
+    "plan_only_table": ".tables",
+    "format_table": ".tables",
 }
 
 

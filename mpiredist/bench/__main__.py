@@ -223,13 +223,13 @@ def main(argv=None, comm=None):
         return _fail(exc, root=args.plan_only or _is_root(comm))
     if args.nodes:
         from ..runtime.mpi import mpi
-        from . import nodes
+        from . import multinode
         if args.link_rate is not None:
             try:
                 nodes.parse_rate(args.link_rate)
             except ValueError as exc:
                 return _fail(exc, root=_is_root(comm))
-        return nodes.run(mpi().COMM_WORLD if comm is None else comm, args)
+        return multinode.run(mpi().COMM_WORLD if comm is None else comm, args)
     return _run(args, opts, comm)
 
 
@@ -248,8 +248,8 @@ def _fail(exc, root=True):
 
 def _plan_only(args, opts):
     from .cases import load_cases
-    from .model import STRATEGIES, Network, format_table, plan_only_table
-    from .runner import _select
+    from .tables import STRATEGIES, Network, format_table, plan_only_table
+    from .runner import select_cases
 
     if args.ranks is not None and args.ranks < 1:
         raise ShapeError(f"--ranks {args.ranks} must be a positive integer")
@@ -263,7 +263,7 @@ def _plan_only(args, opts):
     else:
         net = Network(**{k: v for k, v in (("alpha", args.alpha), ("beta", args.beta))
                          if v is not None})
-    cases = _select(opts.case_ids, load_cases())
+    cases = select_cases(opts.case_ids, load_cases())
     if cases is None:
         cases = load_cases()
     if opts.user is not None:
@@ -337,7 +337,7 @@ def _run(args, opts, comm):
         return 2
     if root:
         _note_plain_text()
-    from .memory import rss_environment_missing
+    from .measure import rss_environment_missing
     missing = rss_environment_missing()
     if root and missing:
         print(f"note: the RSS/max column includes the allocator's history; start with "

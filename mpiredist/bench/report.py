@@ -311,7 +311,7 @@ _LEFT = 4                                   # case, mesh, strategy, exec: left-a
 def format_table(records):
     """A fixed-width table, one line per case and strategy (times in ms)."""
     align = ["left"] * _LEFT + ["right"] * (len(_HEAD) - _LEFT)
-    return _table([_row(r) for r in records], _HEAD, align)
+    return table([_row(r) for r in records], _HEAD, align)
 
 
 def _row(r):
@@ -365,10 +365,10 @@ def format_cases(records):
                      _num(ours.get("ratio_vs_xla"), ".2f"), _num(over, ".2f"),
                      _num(ours["peak_over_max"], ".2f"), _num(ours.get("limit_over_max"), ".2f"),
                      "yes" if all(r["correct"] for r in runs.values()) else "NO"))
-    return _table(rows, _CASE_HEAD, ["left", "left"] + ["right"] * (len(_CASE_HEAD) - 2))
+    return table(rows, _CASE_HEAD, ["left", "left"] + ["right"] * (len(_CASE_HEAD) - 2))
 
 
-def _table(rows, head, align, rule=True):
+def table(rows, head, align, rule=True):
     """``rows`` of strings under ``head``, each column aligned "left" or "right".
 
     tabulate's ``simple`` format (``plain`` without ``rule``: no line of
@@ -432,7 +432,7 @@ def _memory_table(mem):
     """E/max(S,T) per strategy: worst and its case, geomean, runs within the limit."""
     rows = [(s, f"{m['max']:.2f}", str(m.get("case", "-")), _num(m["geomean"], ".2f"),
              f"{m.get('within_limit', '-')}/{m.get('cases', '-')}") for s, m in mem.items()]
-    return _table(rows, ("strategy", "worst", "case", "geomean", "within"),
+    return table(rows, ("strategy", "worst", "case", "geomean", "within"),
                   ["left", "right", "left", "right", "right"], rule=False)
 
 
@@ -442,7 +442,7 @@ def _inplace_table(summary, ratios):
     rows = [(case, *(_num(row.get(s), ".2f") for s in cols)) for case, row in ratios.items()]
     rows.append(("geomean", *(_num(summary.get(f"geomean_{s}_vs_collectives"), ".2f")
                               for s in cols)))
-    return _table(rows, ("case", *cols), ["left"] + ["right"] * len(cols), rule=False)
+    return table(rows, ("case", *cols), ["left"] + ["right"] * len(cols), rule=False)
 
 
 def to_json(records, summary, meta=None, skipped=(), found=()):

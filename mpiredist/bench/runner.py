@@ -11,12 +11,12 @@ Per case, on every rank:
    what :func:`mpiredist.redistribute` runs in place: the default plan, or
    ``planner.plan(..., allow_exchange=False)`` where an exchange cannot run
    in place (any exchange when donated; a later one when not);
-2. start :mod:`tracemalloc` (:func:`~mpiredist.bench.memory.tracing`), then
+2. start :mod:`tracemalloc` (:func:`~mpiredist.bench.measure.tracing`), then
    build the global array from a seed (the same on every rank), keep this
    rank's source block and its expected target block, drop the rest;
 3. one untimed warm-up run per strategy, checked against the expected block
    (``raw``: the received bytes against the sent pattern), and one untimed
-   run under :func:`~mpiredist.bench.memory.traced_peak` (E); then stop
+   run under :func:`~mpiredist.bench.measure.traced_peak` (E); then stop
    tracemalloc, so that the timed runs do not pay for it;
 4. ``repeats`` rounds; each round runs every strategy once, in an order
    shuffled each round (A/B interleaving, :func:`_orders`), with a barrier
@@ -56,10 +56,10 @@ from ..core.errors import MeshError, MpiredistError, PlanError
 from ..core.mesh import Mesh
 from ..core.subaxes import expand, prime_factors, rank_digits
 from .cases import Case, load_cases, scaled
-from .memory import rss_peak, settled, traced_peak, tracing
+from .measure import rss_peak, settled, traced_peak, tracing
 from ..planning.model import predict
 from ..planning.profile import current
-from .model import grow_mesh
+from .tables import grow_mesh
 from .rawpacked import RawPacked
 
 __all__ = ["STRATEGIES", "INPLACE", "Entry", "map_mesh", "suite", "global_array",
@@ -128,7 +128,7 @@ def map_mesh(mesh, ranks):
     return dict(zip(names, sizes))
 
 
-def _select(case_ids, shared_cases):
+def select_cases(case_ids, shared_cases):
     if case_ids is None:
         return None
     out = []
@@ -149,7 +149,7 @@ def suite(ranks, case_ids=None, scale=1, user=None):
     ``ranks`` devices.
     """
     shared_cases = load_cases()
-    chosen = _select(case_ids, shared_cases)
+    chosen = select_cases(case_ids, shared_cases)
     if chosen is None:
         chosen = [c for c in shared_cases if math.prod(c.mesh.values()) == ranks]
         if not chosen:
@@ -371,7 +371,7 @@ def _plans(entry, strategies, dtype):
     return plans, runnable, {s: skipped[s] for s in strategies if s in skipped}
 
 
-def _agree(comm, names):
+def agree_names(comm, names):
     """The strategies every rank can run (plans are deterministic; insurance).
 
     Raises MismatchError on every rank if ranks plan under different machine
@@ -451,7 +451,7 @@ def run_case(entry, strategies, repeats, dtype, comm, seed=0, progress=None):
     MPI = mpi()
     c = entry.case
     plans, runnable, skipped = _plans(entry, strategies, dtype)
-    names = _agree(comm, runnable)
+    names = agree_names(comm, runnable)
     for n in runnable:
         if n not in names:
             skipped[n] = "could not be planned on some rank"

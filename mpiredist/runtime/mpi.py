@@ -91,6 +91,7 @@ class MpiGroup(Group):
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._limit = (None, INT_MAX)          # (MPIREDIST_COUNT_LIMIT as read, the limit)
         self.errors = (MPI.Exception,)
+        self.library = MPI.Get_library_version().splitlines()[0].strip()
         self.BYTE = MPI.BYTE
         self._elements = {}         # itemsize -> committed contiguous datatype
 

@@ -93,6 +93,7 @@ class Group:
         self.kept = {}
 
     name = "group"          # the transport's name, in messages
+    library = "group"       # the library and its version (a machine profile records it)
     rank = 0
     size = 1
     count_limit = 1 << 62   # bytes in one message, at most

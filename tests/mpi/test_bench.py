@@ -123,7 +123,7 @@ def test_own_case_with_partial_sums_and_uneven_shape(comm):
 
 @pytest.mark.mpi
 def test_floors_move_the_right_data_and_report_both_ratios(comm):
-    from mpiredist.bench import floors
+    from benchmarks import bench_floors as floors
 
     rc, doc = run_json(comm, floors.main, ["--mib", "0.05", "--repeats", "2"])
     all_ok(comm, rc == 0 and doc["correct"] is True, f"floors rc {rc}, correct {doc['correct']}")
@@ -136,7 +136,7 @@ def test_floors_move_the_right_data_and_report_both_ratios(comm):
 
 
 def test_permute_mesh_has_two_factors():
-    from mpiredist.bench.floors import permute_mesh
+    from benchmarks.bench_floors import permute_mesh
 
     assert [permute_mesh(n) for n in (1, 2, 3, 5)] == [None] * 4
     assert permute_mesh(8) == {"a": 2, "b": 4} and permute_mesh(9) == {"a": 3, "b": 3}
@@ -145,7 +145,7 @@ def test_permute_mesh_has_two_factors():
 @pytest.mark.mpi
 def test_floors_check_fails_on_wrong_data(comm):
     """The check compares real contents: a block that did not arrive fails it."""
-    from mpiredist.bench.floors import Floors, Permutes, permute_mesh
+    from benchmarks.bench_floors import Floors, Permutes, permute_mesh
 
     f = Floors(comm, 0.01)
     f.sendrecv = lambda: f.aside.fill(-1)           # the block never arrives
@@ -160,7 +160,7 @@ def test_floors_check_fails_on_wrong_data(comm):
 
 @pytest.mark.mpi
 def test_overhead_table_has_every_kind(comm):
-    from mpiredist.bench import overhead
+    from benchmarks import bench_overhead as overhead
 
     rc, doc = run_json(comm, overhead.main, ["--bytes", "1024", "--repeats", "2",
                                              "--cases", "c01"])

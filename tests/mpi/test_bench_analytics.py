@@ -1,4 +1,4 @@
-"""``python -m mpiredist.bench.analytics``, run in-process at a tiny size (any rank count).
+"""``python -m benchmarks.bench_analytics``, run in-process at a tiny size (any rank count).
 
     timeout 300 mpiexec -n 2 python -m pytest -q --with-mpi tests/mpi/test_bench_analytics.py
 """
@@ -10,7 +10,7 @@ from helpers import all_ok, run_json
 from mpiredist import Mesh
 from mpiredist.arrays.base import DistArrayBase
 from mpiredist.arrays.distarray import DistArray
-from mpiredist.bench.analytics import counting, main
+from benchmarks.bench_analytics import counting, main
 
 pytestmark = pytest.mark.mpi
 

@@ -1,4 +1,4 @@
-"""``python -m mpiredist.bench.crossmesh``, run in-process at a tiny size (any rank count).
+"""``python -m benchmarks.bench_cross_mesh``, run in-process at a tiny size (any rank count).
 
     timeout 300 mpiexec -n 4 python -m pytest -q --with-mpi tests/mpi/test_bench_crossmesh.py
 """
@@ -6,7 +6,7 @@
 import pytest
 from helpers import all_ok, run_json
 
-from mpiredist.bench.crossmesh import (STRATEGIES, Unfit, evaluate, instantiate,
+from benchmarks.bench_cross_mesh import (STRATEGIES, Unfit, evaluate, instantiate,
                                        load_cross_cases, main, parse_ranks)
 
 pytestmark = pytest.mark.mpi

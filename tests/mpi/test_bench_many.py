@@ -1,4 +1,4 @@
-"""The many-arrays bench (python -m mpiredist.bench.many) at a tiny size: every
+"""The many-arrays bench (python -m benchmarks.bench_state_dict) at a tiny size: every
 strategy's result is checked against the source arrays inside the bench, which
 returns 1 on any wrong result.
 
@@ -8,7 +8,7 @@ returns 1 on any wrong result.
 from mpi4py import MPI
 
 from helpers import all_ok
-from mpiredist.bench import many
+from benchmarks import bench_state_dict as many
 
 
 def test_bench_many_tiny(capsys):

@@ -13,7 +13,7 @@ import pytest
 from helpers import all_ok, need_ranks, shared_path
 
 import mpiredist as mr
-from mpiredist.bench import nodes
+from mpiredist.bench import multinode as nodes
 from mpiredist.bench.__main__ import build_parser
 
 pytestmark = pytest.mark.mpi

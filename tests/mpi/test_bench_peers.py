@@ -1,4 +1,4 @@
-"""The peers bench (python -m mpiredist.bench.peers) at a tiny size: its results
+"""The peers bench (python -m benchmarks.bench_peers) at a tiny size: its results
 are checked against the peers' own inside the bench, which returns 1 on any
 difference.  Skips without torch.
 
@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 
 
 def test_bench_peers_tiny(capsys):
-    from mpiredist.bench import peers
+    from benchmarks import bench_peers as peers
     rc = peers.main(["--scale", "256", "--repeats", "1", "--cases", "c01,c04"])
     out = capsys.readouterr().out
     all_ok(MPI.COMM_WORLD, rc == 0, f"bench.peers returned {rc}")

@@ -10,7 +10,7 @@ from helpers import all_ok, shared_path
 
 import mpiredist as mr
 from mpiredist import cli
-from mpiredist.bench.calibrate import _groups
+from mpiredist.runtime.calibrate import _groups
 from mpiredist.planning import profile as profiles
 
 pytestmark = pytest.mark.mpi
@@ -69,7 +69,7 @@ def test_calibrate_on_two_nodes_measures_both_link_classes(comm):
     planner reads both."""
     from helpers import need_ranks
 
-    from mpiredist.bench.calibrate import measure
+    from mpiredist.runtime.calibrate import measure
     need_ranks(comm, 4)
     if comm.size % 2:
         pytest.skip("two nodes of equal size need an even number of ranks")

@@ -249,7 +249,7 @@ RSS_NOISE = 1 << 20             # pages and interpreter noise the RSS figure may
 @pytest.mark.parametrize("which", ["permuted", "disjoint halves"])
 def test_memory_within_bound_rss(which):
     """The same bound as the OS sees it (MPI's buffers included), 4-8 MiB blocks."""
-    from mpiredist.bench.memory import rss_environment_missing, rss_peak, rss_supported
+    from mpiredist.bench.measure import rss_environment_missing, rss_peak, rss_supported
     need_ranks(COMM, 2)
     if not rss_supported() or rss_environment_missing():
         pytest.skip("needs /proc and " + " ".join(rss_environment_missing())

@@ -135,9 +135,9 @@ def _rss_shape(case, mesh):
 @pytest.fixture(scope="module")
 def rss_environment():
     """The process started with large blocks mmapped at a fixed threshold and
-    numpy's huge pages off (mpiredist.bench.memory.RSS_ENVIRONMENT; set by
+    numpy's huge pages off (mpiredist.bench.measure.RSS_ENVIRONMENT; set by
     scripts/test.sh); skip where /proc is missing or they are not set."""
-    from mpiredist.bench.memory import rss_environment_missing, rss_supported
+    from mpiredist.bench.measure import rss_environment_missing, rss_supported
     if not rss_supported():
         pytest.skip("needs Linux /proc/self/clear_refs to reset the peak resident set")
     missing = rss_environment_missing()
@@ -153,7 +153,7 @@ def rss_environment():
 def test_memory_contract_rss(case, donate, rss_environment):
     """Growth of the peak resident set (MPI's own buffers included) within the
     contract plus 1 MiB: after a warm-up call, with malloc_trim first."""
-    from mpiredist.bench.memory import rss_peak
+    from mpiredist.bench.measure import rss_peak
     comm = MPI.COMM_WORLD
     if comm.size != 8:
         pytest.skip(f"measured at 8 ranks (the shared cases' meshes), not {comm.size}")

@@ -1,4 +1,4 @@
-"""The soak in-process (mpiredist.bench.soak): random cases pass, wrong ones are caught.
+"""The soak in-process (benchmarks.soak): random cases pass, wrong ones are caught.
 
 Every rank runs the same cases (they depend only on the seed, the index and
 the number of ranks); verdicts are agreed inside the soak, so these tests
@@ -13,7 +13,7 @@ import pytest
 from helpers import all_ok
 
 import mpiredist as mr
-from mpiredist.bench import soak
+from benchmarks import soak
 from mpiredist.core.layout import Layout
 
 SEED, CASES = 11, 40

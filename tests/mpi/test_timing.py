@@ -1,46 +1,75 @@
-"""Bench timing: the slowest rank's medians, one function or several side by side.
+"""The one timing loop: the slowest rank's medians, one function or several side by side.
 
     timeout 300 mpiexec -n N python -m pytest -q --with-mpi tests/mpi/test_timing.py
+
+The loop reads ``time.perf_counter`` of :mod:`mpiredist.runtime.timing`; the
+tests give it a clock that each function advances by a set amount, so the
+figures are exact whatever the machine's load (wall-clock thresholds in a
+test fail on a busy machine, and prove less).
 """
 
-import time
-
+import pytest
 from mpi4py import MPI
 
 from helpers import all_ok
-from mpiredist.bench.timing import slowest_median, slowest_medians
+from mpiredist.runtime import timing
+from mpiredist.runtime.timing import slowest_median, slowest_medians
 
 
-def test_slowest_medians_side_by_side():
+class _Clock:
+    """A clock that moves only when a function under test says so."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def takes(self, seconds):
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    found = _Clock()
+    monkeypatch.setattr(timing.time, "perf_counter", found.perf_counter)
+    return found
+
+
+def test_slowest_medians_side_by_side(clock):
     """Every function runs once a repeat, in orders that differ between repeats
-    (alike on every rank); each figure is the median of the slowest rank's."""
+    (alike on every rank); each figure is the median over repeats of the
+    slowest rank's time."""
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    calls = []
+    calls, runs = [], {"a": 0}
 
-    def sleeper(name, seconds):
+    def timed(name, seconds):
         def fn():
             calls.append(name)
-            time.sleep(seconds)
+            if name == "a":
+                runs["a"] += 1
+            clock.takes(seconds())
         return fn
-    fns = {"a": sleeper("a", 0.01 * (rank + 1)), "b": sleeper("b", 0.002),
-           "c": sleeper("c", 0.0)}
-    got = slowest_medians(comm, fns, 6)
+    # a: rank r takes (r + 1) * 10 ms, except its 2nd run, 1 s (the median ignores it)
+    fns = {"a": timed("a", lambda: 1.0 if runs["a"] == 2 else 0.01 * (rank + 1)),
+           "b": timed("b", lambda: 0.002), "c": timed("c", lambda: 0.0)}
+    got = slowest_medians(comm, fns, 5)
     orders = [tuple(calls[i:i + 3]) for i in range(0, len(calls), 3)]
-    all_ok(comm, sorted(calls) == sorted("abc" * 6) and len(set(orders)) > 1,
+    all_ok(comm, sorted(calls) == sorted("abc" * 5) and len(set(orders)) > 1,
            f"rank {rank}: calls {calls}")
     all_ok(comm, comm.allgather(orders) == [orders] * size, "orders differ between ranks")
-    all_ok(comm, 0.01 * size <= got["a"] < 0.01 * size + 0.1
-           and got["c"] < 0.002 <= got["b"] < got["a"], f"medians {got}")
+    all_ok(comm, got == {"a": pytest.approx(0.01 * size), "b": pytest.approx(0.002),
+                         "c": 0.0}, f"medians {got}")
 
 
-def test_slowest_median_of_one_function():
+def test_slowest_median_of_one_function(clock):
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     runs = []
-    got = slowest_median(comm, lambda: (runs.append(1), time.sleep(0.003 * (rank + 1))), 3,
+    got = slowest_median(comm, lambda: (runs.append(1), clock.takes(0.003 * (rank + 1))), 3,
                          warmup=True)
-    all_ok(comm, len(runs) == 4 and 0.003 * size <= got < 0.003 * size + 0.05,
+    all_ok(comm, len(runs) == 4 and got == pytest.approx(0.003 * size),
            f"rank {rank}: {len(runs)} runs, median {got}")
 
 

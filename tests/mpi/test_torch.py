@@ -235,7 +235,7 @@ def test_memory_contract_for_tensors(src, dst):
     tracemalloc sees within the bound, as for numpy blocks."""
     import tracemalloc
 
-    from mpiredist.bench.memory import rss_environment_missing, rss_peak, rss_supported
+    from mpiredist.bench.measure import rss_environment_missing, rss_peak, rss_supported
     from mpiredist.planning.budget import default_workspace
     mesh = mr.Mesh(f"x={P}")
     shape = (512 * P, 512)                          # 1 MiB float32 blocks

@@ -1,6 +1,6 @@
 """Per-call overhead on small blocks: a Transfer's run against the bare MPI call.
 
-    mpiexec -n 8 python -m mpiredist.bench.overhead [--bytes 4096] [--repeats 200]
+    mpiexec -n 8 python -m benchmarks.bench_overhead [--bytes 4096] [--repeats 200]
         [--cases c01,c02] [--json FILE]
 
 Each shared case (mapped onto the ranks as the benchmark maps it) is shrunk
@@ -29,8 +29,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..runtime.failure import abort_on_exception
-from .timing import slowest_medians
+from mpiredist.runtime.failure import abort_on_exception
+from mpiredist.runtime.timing import slowest_medians
 
 __all__ = ["shrink", "measure", "main"]
 
@@ -39,7 +39,7 @@ KINDS = ("raw", "run", "unchecked", "redistribute")
 
 def shrink(case, nbytes, itemsize=4):
     """``case`` with its largest dims halved until the larger block is <= ``nbytes``."""
-    from ..planning import planner
+    from mpiredist.planning import planner
 
     shape, dtype = list(case.shape), np.dtype(f"f{itemsize}")
     while True:
@@ -53,9 +53,9 @@ def shrink(case, nbytes, itemsize=4):
 def measure(comm, entry, nbytes, repeats):
     """One row: medians (s) of each kind for ``entry`` shrunk to ``nbytes`` blocks."""
     import mpiredist as mr
-    from ..core.mesh import Mesh
-    from ..runtime.groups import mesh_groups
-    from .runner import global_array, make_raw, source_block
+    from mpiredist.core.mesh import Mesh
+    from mpiredist.runtime.groups import mesh_groups
+    from mpiredist.bench.runner import global_array, make_raw, source_block
 
     case, plan = shrink(entry.case, nbytes)
     mesh = Mesh(case.mesh, comm)
@@ -111,10 +111,10 @@ def format_rows(rows):
 
 def main(argv=None, comm=None):
     """Run the overhead table on ``comm`` (default COMM_WORLD); 0 on success."""
-    from ..runtime.mpi import mpi
-    from .runner import suite
+    from mpiredist.runtime.mpi import mpi
+    from mpiredist.bench.runner import suite
 
-    parser = argparse.ArgumentParser(prog="python -m mpiredist.bench.overhead",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_overhead",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--bytes", type=int, default=4096, help="larger block, bytes")
     parser.add_argument("--repeats", type=int, default=200)

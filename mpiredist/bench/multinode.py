@@ -171,7 +171,7 @@ class _Counter:
 def measure_link(comm, topology, nbytes=8 << 20, repeats=3):
     """Bytes per second one node sends to the next: rank j of node n sends
     ``nbytes`` to rank j of node n+1 (and receives from n-1), all at once."""
-    from .timing import slowest_median
+    from ..runtime.timing import slowest_median
 
     if topology.count < 2:
         return None
@@ -334,7 +334,7 @@ def run(comm, args, topology=None):
     import json
 
     from ..runtime.groups import topology as find
-    from .runner import _agree
+    from .runner import agree_names
 
     me = comm.Get_rank()
     topology = find(comm) if topology is None else topology
@@ -343,7 +343,7 @@ def run(comm, args, topology=None):
             print(f"error: --nodes needs two or more nodes of as many ranks; this job has "
                   f"{topology}")
         return 2
-    _agree(comm, ["nodes"])                     # one profile on every rank, or MismatchError
+    agree_names(comm, ["nodes"])                     # one profile on every rank, or MismatchError
     link = parse_rate(args.link_rate) / 8 if args.link_rate else None
     measured = measure_link(comm, topology)
     rate = link or measured

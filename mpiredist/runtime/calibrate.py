@@ -2,13 +2,17 @@
 
     mpiexec -n 8 python -m mpiredist calibrate [--json FILE] [--bytes N] [--quick]
 
+The figures are those of the transport in use (MPI's ``COMM_WORLD`` by
+default, or any group, :mod:`mpiredist.runtime.transport`): every
+measurement goes through its operations, as the runs it will price do.
+
 Writes the JSON profile of :mod:`mpiredist.planning.profile` (default
 ``$XDG_CONFIG_HOME/mpiredist/profile.json``; ``MPIREDIST_PROFILE`` makes the
 planner read another file).  Every figure is the median over ``--repeats``
 of the slowest rank's time, so all ranks compute the same profile:
 
 ``alpha``
-    seconds per message: a ring ``Sendrecv`` of 8 bytes, 20 in a row.
+    seconds per message: a ring ``sendrecv`` of 8 bytes, 20 in a row.
 ``beta[op][G]``
     bytes per second per rank of each collective kind on groups of G
     consecutive ranks (every divisor G >= 2 of the rank count that is a
@@ -18,8 +22,9 @@ of the slowest rank's time, so all ranks compute the same profile:
     exchange alike (the runtime moves both so above the one-call size, so
     one measurement serves both: measured apart, noise alone would pick
     between plans of equal bytes),
-    ``Allgather``, ``Reduce_scatter_block``, ``Allreduce`` and a ring
-    ``Sendrecv`` (permute); the latency of the model's rounds is taken off.
+    ``allgather``, ``reduce_scatter`` of equal parts, ``allreduce`` and a
+    ring ``sendrecv`` (permute); the latency of the model's rounds is taken
+    off.
 ``beta_across[op][G]``
     on two or more nodes (:func:`mpiredist.runtime.groups.topology`, every
     node with as many ranks): ``beta`` is measured on groups inside nodes
@@ -36,8 +41,9 @@ of the slowest rank's time, so all ranks compute the same profile:
     bytes per second of copying half the columns of a block into a
     contiguous buffer (what packing a strided piece costs).
 ``datatype_rate``
-    bytes per second of the same piece sent as an MPI subarray datatype
-    (to the next rank), against the contiguous send.
+    bytes per second of the same piece sent as a box of its array (an MPI
+    subarray datatype, to the next rank), against the contiguous send; the
+    packing rate where the transport takes no boxes.
 ``memory_bandwidth``
     bytes per second of a contiguous copy.
 """
@@ -51,8 +57,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runtime.failure import abort_on_exception
+from .failure import abort_on_exception
+from .groups import as_group
+from .groups import topology as find_topology
 from .timing import slowest_median
+from .transport import Strided
 
 __all__ = ["main", "measure", "calibrate_run", "calibrate_arguments"]
 
@@ -61,51 +70,49 @@ ROUNDS = {"all_to_all": lambda g: g - 1, "exchange": lambda g: g - 1,
           "all_reduce": lambda g: 2 * (g - 1), "permute": lambda g: 1}
 
 
-def _timed(comm, fn, repeats):
+def _timed(group, fn, repeats):
     """Median over ``repeats`` of the slowest rank's seconds, after a warm-up."""
-    return slowest_median(comm, fn, repeats, warmup=True)
+    return slowest_median(group, fn, repeats, warmup=True)
 
 
-def _latency(comm, repeats):
-    g, me = comm.Get_size(), comm.Get_rank()
+def _latency(group, repeats):
+    g, me = group.size, group.rank
     if g == 1:
         return 0.0
     send, recv = np.zeros(8, np.uint8), np.empty(8, np.uint8)
 
     def ring():
         for _ in range(20):
-            comm.Sendrecv(send, (me + 1) % g, recvbuf=recv, source=(me - 1) % g)
-    return _timed(comm, ring, repeats) / 20
+            group.sendrecv(send, (me + 1) % g, recv, (me - 1) % g)
+    return _timed(group, ring, repeats) / 20
 
 
-def _collective(op, comm, nbytes):
-    """A callable running ``op`` so that each rank sends about ``nbytes``."""
-    from mpi4py import MPI
-
-    g, me = comm.Get_size(), comm.Get_rank()
+def _collective(op, group, nbytes):
+    """A callable running ``op`` on ``group`` so that each rank sends about ``nbytes``."""
+    g, me = group.size, group.rank
     c = max(1, nbytes // (g - 1))
     if op in ("all_to_all", "exchange"):
         send, recv = np.ones(g * c, np.uint8), np.empty(g * c, np.uint8)
         peers = [(me + k) % g for k in range(1, g)]
 
-        def exchange():             # as the runtime moves both: Isend/Irecv, then Waitall
-            reqs = [comm.Irecv([recv[p * c:(p + 1) * c], MPI.BYTE], p, 7) for p in peers]
-            reqs += [comm.Isend([send[p * c:(p + 1) * c], MPI.BYTE], p, 7) for p in peers]
-            MPI.Request.Waitall(reqs)
+        def exchange():             # as the runtime moves both: isend/irecv, then wait
+            reqs = [group.irecv(recv[p * c:(p + 1) * c], p) for p in peers]
+            reqs += [group.isend(send[p * c:(p + 1) * c], p) for p in peers]
+            group.wait_all(reqs)
         return exchange
     if op == "all_gather":
         send, recv = np.ones(c, np.uint8), np.empty(g * c, np.uint8)
-        return lambda: comm.Allgather(send, recv)
+        return lambda: group.allgather(send, recv, [c] * g)
     if op == "reduce_scatter":
         m = max(1, c // 4)
         send, recv = np.ones(g * m, np.float32), np.empty(m, np.float32)
-        return lambda: comm.Reduce_scatter_block(send, recv, op=MPI.SUM)
+        return lambda: group.reduce_scatter(send, recv, [m] * g, "sum")
     if op == "all_reduce":
         n = max(1, nbytes * g // (8 * (g - 1)))
         send, recv = np.ones(n, np.float32), np.empty(n, np.float32)
-        return lambda: comm.Allreduce(send, recv, op=MPI.SUM)
+        return lambda: group.allreduce(send, recv, "sum")
     send, recv = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
-    return lambda: comm.Sendrecv(send, (me + 1) % g, recvbuf=recv, source=(me - 1) % g)
+    return lambda: group.sendrecv(send, (me + 1) % g, recv, (me - 1) % g)
 
 
 def _groups(size):
@@ -124,34 +131,28 @@ def _rate(nbytes, seconds, latency=0.0):
     return nbytes / max(seconds - latency, seconds * 0.1, 1e-9)
 
 
-def _local_rates(comm, nbytes, repeats):
+def _local_rates(group, nbytes, repeats):
     """``(pack_rate, datatype_rate, memory_bandwidth)``."""
-    from mpi4py import MPI
-
     cols = 1024
     rows = max(2, nbytes // (4 * cols))
     block = np.ones((rows, cols), np.float32)
     half = block[:, : cols // 2]
     packed = np.empty(half.shape, np.float32)
-    pack = _rate(half.nbytes, _timed(comm, lambda: np.copyto(packed, half), repeats))
+    pack = _rate(half.nbytes, _timed(group, lambda: np.copyto(packed, half), repeats))
     flat = block.reshape(-1)
     copy = np.empty_like(flat)
-    memory = _rate(flat.nbytes, _timed(comm, lambda: np.copyto(copy, flat), repeats))
-    g, me = comm.Get_size(), comm.Get_rank()
-    if g == 1:
+    memory = _rate(flat.nbytes, _timed(group, lambda: np.copyto(copy, flat), repeats))
+    g, me = group.size, group.rank
+    if g == 1 or not group.strided:
         return pack, pack, memory
-    sub = MPI.FLOAT.Create_subarray([rows, cols], [rows, cols // 2], [0, 0]).Commit()
-    try:
-        def typed():
-            comm.Sendrecv([block, 1, sub], (me + 1) % g, recvbuf=[packed, MPI.FLOAT],
-                          source=(me - 1) % g)
+    box = Strided(block, (0, 0), (rows, cols // 2))
 
-        def plain():
-            comm.Sendrecv([packed, MPI.FLOAT], (me + 1) % g, recvbuf=[copy[:packed.size],
-                          MPI.FLOAT], source=(me - 1) % g)
-        t_typed, t_plain = _timed(comm, typed, repeats), _timed(comm, plain, repeats)
-    finally:
-        sub.Free()
+    def typed():
+        group.sendrecv(box, (me + 1) % g, packed, (me - 1) % g)
+
+    def plain():
+        group.sendrecv(packed, (me + 1) % g, copy[:packed.size], (me - 1) % g)
+    t_typed, t_plain = _timed(group, typed, repeats), _timed(group, plain, repeats)
     extra = max(t_typed - t_plain, t_typed * 0.05)      # what the datatype adds
     return pack, _rate(half.nbytes, extra), memory
 
@@ -161,14 +162,13 @@ def measure(comm, nbytes=4 << 20, repeats=5, topology=None):
 
     ``topology``: the node of each rank (default the communicator's own,
     :func:`mpiredist.runtime.groups.topology`); on two or more nodes of equal
-    size the rates are measured by link class (module docstring).
+    size the rates are measured by link class (module docstring).  ``comm``:
+    a group or an mpi4py communicator.
     """
-    from mpi4py import MPI
-
     from ..planning.profile import VERSION
-    from ..runtime.groups import topology as find_topology
 
-    size, rank = comm.Get_size(), comm.Get_rank()
+    comm = as_group(comm)
+    size, rank = comm.size, comm.rank
     nodes = find_topology(comm) if topology is None else topology
     alpha = _latency(comm, repeats)
     doc = {"version": VERSION, "alpha": alpha}
@@ -188,7 +188,7 @@ def measure(comm, nbytes=4 << 20, repeats=5, topology=None):
     pack, datatype, memory = _local_rates(comm, nbytes, repeats)
     doc.update(pack_rate=pack, datatype_rate=datatype, memory_bandwidth=memory, ranks=size,
                bytes=nbytes, repeats=repeats, host=platform.node(),
-               mpi=MPI.Get_library_version().splitlines()[0].strip(),
+               mpi=comm.library,
                date=time.strftime("%Y-%m-%dT%H:%M:%S"))
     return doc
 
@@ -202,9 +202,9 @@ def _whole(comm, nbytes, repeats, alpha, nodes, key, doc):
     rate.  Permutes are left out: a ring shift crosses at two ranks only."""
     from ..planning.profile import OPS
 
-    size, per = comm.Get_size(), nodes.per_node
+    size, per = comm.size, nodes.per_node
     share = (nodes.count - 1) * per / (size - 1)
-    sub = comm.Split(0, key)
+    sub = comm.split(0, key)
     try:
         for op in OPS:
             if op == "permute":
@@ -219,7 +219,7 @@ def _whole(comm, nbytes, repeats, alpha, nodes, key, doc):
             left = t - (0.0 if within is None else nbytes * (1 - share) / within)
             doc["beta_across"][op][str(size)] = nbytes * share / max(left, t * 0.1, 1e-9)
     finally:
-        sub.Free()
+        sub.free()
 
 
 def _rates(comm, nbytes, repeats, alpha, groups, color, key):
@@ -231,7 +231,7 @@ def _rates(comm, nbytes, repeats, alpha, groups, color, key):
     beta = {op: {} for op in OPS}
     for g in groups:
         a, b = (color(g) + (0,))[:2]
-        sub = comm.Split(a * comm.Get_size() + b, key)
+        sub = comm.split(a * comm.size + b, key)
         try:
             for op in OPS:
                 if op == "exchange":            # measured once with all_to_all (above)
@@ -240,7 +240,7 @@ def _rates(comm, nbytes, repeats, alpha, groups, color, key):
                 t = _timed(comm, _collective(op, sub, nbytes), repeats)
                 beta[op][str(g)] = _rate(nbytes, t, ROUNDS[op](g) * alpha)
         finally:
-            sub.Free()
+            sub.free()
     return beta
 
 
@@ -266,22 +266,20 @@ def calibrate_arguments(p, default):
 def calibrate_run(args, comm=None):
     """Measure and write the profile; print its figures on rank 0.  Exit status.
 
-    An uncaught exception on any rank aborts the job (``python -m mpiredist
-    calibrate`` and ``python -m mpiredist.bench.calibrate`` alike).
+    An uncaught exception on any rank aborts the job.
     """
     return abort_on_exception(_calibrate, args, comm)
 
 
 def _calibrate(args, comm):
     from ..planning.profile import Profile, default_path
-    from ..runtime.mpi import mpi
 
-    comm = comm if comm is not None else mpi().COMM_WORLD
+    comm = as_group(comm)
     nbytes, repeats = (64 << 10, 3) if args.quick else (args.bytes, args.repeats)
     doc = measure(comm, nbytes, repeats)
     Profile.from_dict(doc, "the measured one")          # checks it is complete
     path = Path(args.json) if args.json else default_path()
-    if comm.Get_rank() == 0:
+    if comm.rank == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         print(f"profile of {doc['ranks']} ranks ({doc['mpi']}) written to {path}")
@@ -296,7 +294,7 @@ def _calibrate(args, comm):
                 text = ", ".join(f"G={g}: {b / 1e9:.2f}" for g, b in sizes.items())
                 print(f"  {op:15s} GB/s per rank  {text}" + ("  (across nodes)"
                       if key == "beta_across" else ""))
-    comm.Barrier()
+    comm.allgather_object(None)         # nobody returns before the file is written
     return 0
 
 

@@ -1,6 +1,6 @@
 """Planning speed and memory: time to plan large meshes, and what a first call allocates; no MPI.
 
-    python -m mpiredist.bench.planning [--repeats 50] [--fresh 3] [--no-memory] [--json FILE]
+    python -m benchmarks.bench_planning [--repeats 50] [--fresh 3] [--no-memory] [--json FILE]
 
 Speed: plans a set of 6-dimensional redistributions on a 4-axis mesh of
 4096 devices (8x8x8x8) with every planner cache (each ``lru_cache`` of
@@ -26,8 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from .. import core, planning
-from ..planning import planner
+from mpiredist import core, planning
+from mpiredist.planning import planner
 
 MESH = {"a": 8, "b": 8, "c": 8, "d": 8}
 
@@ -162,7 +162,7 @@ def memory_rows(fresh=3):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m mpiredist.bench.planning",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_planning",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--strategies", default="collectives,direct,replicate")

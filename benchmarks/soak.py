@@ -1,6 +1,6 @@
 """Soak: many random redistributions, each checked against an independent oracle.
 
-    mpiexec -n P python -m mpiredist.bench.soak --cases N --seed S [--case K]
+    mpiexec -n P python -m benchmarks.soak --cases N --seed S [--case K]
         [--json FILE] [--verbose]
 
 Case ``K`` of seed ``S`` at ``P`` ranks is a pure function of ``(S, K, P)``
@@ -47,8 +47,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..core.layout import Layout
-from ..runtime.failure import abort_on_exception
+from mpiredist.core.layout import Layout
+from mpiredist.runtime.failure import abort_on_exception
 
 __all__ = ["DTYPES", "MOVED_ONLY", "ROUTES", "STRATEGIES", "Case", "Summary", "factorisations",
            "make_case", "block_box", "global_values", "partial_values", "reduce_shares",
@@ -110,7 +110,7 @@ class Case:
 
     def replay(self):
         """The command that runs this case alone."""
-        return (f"mpiexec -n {self.size} python -m mpiredist.bench.soak --seed {self.seed} "
+        return (f"mpiexec -n {self.size} python -m benchmarks.soak --seed {self.seed} "
                 f"--case {self.index}")
 
 
@@ -669,9 +669,9 @@ def report(summary, library=""):
 
 def main(argv=None, comm=None):
     """Run the soak on ``comm`` (default COMM_WORLD); 0 if every case passed."""
-    from ..runtime.mpi import mpi
+    from mpiredist.runtime.mpi import mpi
 
-    parser = argparse.ArgumentParser(prog="python -m mpiredist.bench.soak",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.soak",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=100, help="cases 0..N-1 (default 100)")
     parser.add_argument("--seed", type=int, default=0)

@@ -1,7 +1,7 @@
 """Floors: bare MPI against bare MPI plus the copies that a layout change or
 one buffer cannot avoid, on this machine.
 
-    mpiexec -n 8 python -m mpiredist.bench.floors [--mib 8] [--repeats 15] [--json FILE]
+    mpiexec -n 8 python -m benchmarks.bench_floors [--mib 8] [--repeats 15] [--json FILE]
 
 Every rank holds a float32 block of about ``--mib`` MiB.  Interleaved in one
 loop, with a barrier before each call, the slowest rank timed, medians:
@@ -45,8 +45,8 @@ import time
 
 import numpy as np
 
-from ..runtime.failure import abort_on_exception
-from .timing import slowest_median
+from mpiredist.runtime.failure import abort_on_exception
+from mpiredist.runtime.timing import slowest_median
 
 __all__ = ["Floors", "main"]
 
@@ -206,9 +206,9 @@ def format_result(result):
 
 def main(argv=None, comm=None):
     """Measure the floors on ``comm`` (default COMM_WORLD); 0 when the results are right."""
-    from ..runtime.mpi import mpi
+    from mpiredist.runtime.mpi import mpi
 
-    parser = argparse.ArgumentParser(prog="python -m mpiredist.bench.floors",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_floors",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=float, default=8.0, help="block size per rank, MiB")
     parser.add_argument("--repeats", type=int, default=15)

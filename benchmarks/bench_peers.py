@@ -1,6 +1,6 @@
 """The peers' own redistributions against mpiredist's drop-ins, side by side in one run.
 
-    mpiexec -n 8 python -m mpiredist.bench.peers [--scale 4] [--repeats 5] [--cases c01,c02]
+    mpiexec -n 8 python -m benchmarks.bench_peers [--scale 4] [--repeats 5] [--cases c01,c02]
         [--json FILE]
 
 ``dtensor``: the shared cases as DTensor placements (``Layout.to_placements``
@@ -47,8 +47,8 @@ def _init_gloo(comm):
 
 
 def _measure(comm, fn, repeats):
-    from .memory import rss_peak, rss_supported
-    from .timing import slowest_median
+    from mpiredist.bench.measure import rss_peak, rss_supported
+    from mpiredist.runtime.timing import slowest_median
     result = fn()
     seconds = slowest_median(comm, fn, repeats)
     rss = None
@@ -67,7 +67,7 @@ def _max():
 
 
 def _bound(comm, s_bytes, t_bytes):
-    from ..planning.budget import workspace_for
+    from mpiredist.planning.budget import workspace_for
     most = comm.allreduce(max(s_bytes, t_bytes), op=_max())
     return comm.allreduce(max(s_bytes, t_bytes) + workspace_for(most), op=_max())
 
@@ -84,7 +84,7 @@ def _dtensor_rows(comm, args):
     from torch.distributed.tensor import distribute_tensor
 
     import mpiredist as mr
-    from .cases import load_cases, scaled
+    from mpiredist.bench.cases import load_cases, scaled
     _init_gloo(comm)
     rows, skipped = [], []
     p = comm.Get_size()

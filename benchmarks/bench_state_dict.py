@@ -1,6 +1,6 @@
 """Many arrays: a transformer-like state dict resharded and synced, group against loops.
 
-    mpiexec -n 8 python -m mpiredist.bench.many [--layers 24] [--hidden 256]
+    mpiexec -n 8 python -m benchmarks.bench_state_dict [--layers 24] [--hidden 256]
         [--repeats 5] [--out] [--warm] [--workspace MIB] [--json FILE]
 
 The state dict (:func:`state_dict`): embeddings, per layer the attention
@@ -111,7 +111,7 @@ def _tp_layout(kind, ndim, tp):
             "vec_col": f"[{{{tp}}}]", "vec": "[{}]"}[kind]
 
 
-def _cases(sd, p):
+def layout_cases(sd, p):
     half = p // 2
     tp = max(1, p // 2)
     dp = p // tp
@@ -153,7 +153,7 @@ def main(argv=None):
     from mpi4py import MPI
 
     import mpiredist as mr
-    from ..planning.pieces import layout_boxes
+    from mpiredist.planning.pieces import layout_boxes
 
     comm = MPI.COMM_WORLD
     rank, p = comm.Get_rank(), comm.Get_size()
@@ -162,7 +162,7 @@ def main(argv=None):
     wanted = args.cases.split(",")
     strategies = args.strategies.split(",")
 
-    for name, case in _cases(sd, p).items():
+    for name, case in layout_cases(sd, p).items():
         if name not in wanted:
             continue
         mesh = mr.Mesh(case["mesh"], ranks=case["ranks"])
@@ -266,8 +266,8 @@ def _measure(comm, made, check, args):
     each; then each is freed."""
     from mpi4py import MPI
 
-    from .memory import rss_peak, rss_supported, traced_peak, trim_heap
-    from .timing import slowest_medians
+    from mpiredist.bench.measure import rss_peak, rss_supported, traced_peak, trim_heap
+    from mpiredist.runtime.timing import slowest_medians
 
     results = {}
     runners, oks, filled = {}, {}, {}
@@ -317,7 +317,7 @@ def _bcast(comm, mesh, dst_mesh, items, G, blocks, limit):
     meshes), buckets of ``limit`` bytes ``Bcast`` from rank 0, every target
     rank copying its block out."""
     import mpiredist as mr
-    from ..planning.pieces import layout_boxes
+    from mpiredist.planning.pieces import layout_boxes
 
     rank, p = comm.Get_rank(), comm.Get_size()
     calls = [0]

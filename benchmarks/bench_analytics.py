@@ -1,7 +1,7 @@
 """Analytics rows: reshape, transpose, transpose then matmul, a mixed-layout add
 and slicing of float64 DistArrays, timed with the bytes their redistributions move.
 
-    mpiexec -n 8 python -m mpiredist.bench.analytics [--size 1.0] [--repeats 5] [--json FILE]
+    mpiexec -n 8 python -m benchmarks.bench_analytics [--size 1.0] [--repeats 5] [--json FILE]
 
 Two global arrays ``g``, ``h`` of shape (4099, 1001) scaled by ``--size``
 (uneven on most rank counts) become ``a`` and ``b`` on the mesh ``x=P``
@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from ..runtime.failure import abort_on_exception
+from mpiredist.runtime.failure import abort_on_exception
 
 __all__ = ["SHAPE", "counting", "cases", "measure", "main"]
 
@@ -51,7 +51,7 @@ def counting():
 
     Yields ``(calls, records)`` lists; the method is restored on exit.
     """
-    from ..arrays.base import DistArrayBase
+    from mpiredist.arrays.base import DistArrayBase
 
     orig = DistArrayBase.redistribute
     sig = inspect.signature(orig)
@@ -68,7 +68,7 @@ def counting():
             user.extend(mine)
         return out
 
-    from ..arrays import moves
+    from mpiredist.arrays import moves
     exchange = moves.exchange_into
 
     def exchanged(mesh, dtype, src, dst, *args, **kwargs):
@@ -114,13 +114,13 @@ def cases(a, b):
 
 def _timed(comm, fn, repeats):
     """Median over ``repeats`` of the largest time over ranks."""
-    from .timing import slowest_median
+    from mpiredist.runtime.timing import slowest_median
     return slowest_median(comm, fn, repeats)
 
 
 def _peak(fn):
     """(result, bytes newly allocated at the peak of ``fn()``: tracemalloc)."""
-    from .memory import traced_peak
+    from mpiredist.bench.measure import traced_peak
 
     with traced_peak() as e:
         out = fn()
@@ -167,8 +167,8 @@ def measure(comm, mesh, a, b, arrays, repeats):
 
 def run(comm, size=1.0, repeats=5):
     """Every row on every mesh of ``comm``'s ranks."""
-    from ..arrays.distarray import DistArray
-    from ..core.mesh import Mesh
+    from mpiredist.arrays.distarray import DistArray
+    from mpiredist.core.mesh import Mesh
 
     n, m = max(round(SHAPE[0] * size), 23), max(round(SHAPE[1] * size), 5)
     rng = np.random.default_rng(0)
@@ -184,7 +184,7 @@ def run(comm, size=1.0, repeats=5):
 
 def format_rows(rows):
     """The table as text (rank 0 prints it)."""
-    from .report import _table
+    from mpiredist.bench.report import table
 
     head = ("mesh", "op", "layouts", "median s", "moved B", "redist", "peak B", "S+T B",
             "peak/(S+T)", "numpy s", "check")
@@ -192,14 +192,14 @@ def format_rows(rows):
               f"{r['bytes_moved']:,}", str(r["redistributions"]), f"{r['peak_bytes']:,}",
               f"{r['s_plus_t_bytes']:,}", f"{r['peak_over_s_plus_t']:.2f}",
               f"{r['numpy_s']:.4f}", r["check"]) for r in rows]
-    return _table(cells, head, ["left"] * 3 + ["right"] * 7 + ["left"])
+    return table(cells, head, ["left"] * 3 + ["right"] * 7 + ["left"])
 
 
 def main(argv=None, comm=None):
     """Run the analytics rows on ``comm`` (default COMM_WORLD); 0 if every check is ok."""
-    from ..runtime.mpi import mpi
+    from mpiredist.runtime.mpi import mpi
 
-    parser = argparse.ArgumentParser(prog="python -m mpiredist.bench.analytics",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_analytics",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=float, default=1.0,
                         help=f"scale of the {SHAPE[0]} x {SHAPE[1]} arrays")

@@ -1,6 +1,6 @@
 """Redistribution between meshes: mpiredist against gather/scatter, broadcasts and the bare bytes.
 
-    mpiexec -n 8 python -m mpiredist.bench.crossmesh [--size 1] [--repeats 5]
+    mpiexec -n 8 python -m benchmarks.bench_cross_mesh [--size 1] [--repeats 5]
         [--cases x01,x03] [--json FILE] [--explain]
 
 The cases are those of ``cross_cases.json`` (packaged in
@@ -75,10 +75,10 @@ from importlib import resources
 
 import numpy as np
 
-from ..runtime.failure import abort_on_exception
-from ..core.blocks import sub_index
-from ..planning.pieces import layout_boxes
-from .timing import slowest_medians
+from mpiredist.runtime.failure import abort_on_exception
+from mpiredist.core.blocks import sub_index
+from mpiredist.planning.pieces import layout_boxes
+from mpiredist.runtime.timing import slowest_medians
 
 __all__ = ["Unfit", "CrossCase", "Concrete", "evaluate", "parse_ranks", "load_cross_cases",
            "instantiate", "block_values", "measure", "run", "format_rows", "main"]
@@ -235,19 +235,19 @@ class Concrete:
     dst: object
 
     def meshes(self, comm=None):
-        from ..core.mesh import Mesh
+        from mpiredist.core.mesh import Mesh
         return (Mesh(self.src_axes, comm, self.src_ranks),
                 Mesh(self.dst_axes, comm, self.dst_ranks))
 
 
 def load_cross_cases():
     """The cases of ``cross_cases.json`` (packaged with mpiredist), in file order."""
-    text = resources.files(__package__).joinpath("data", FILE).read_text(encoding="utf-8")
+    text = resources.files("mpiredist.bench").joinpath("data", FILE).read_text(encoding="utf-8")
     return [CrossCase.from_dict(c) for c in json.loads(text)["cases"]]
 
 
 def _side(case, which, P):
-    from ..core.layout import Layout
+    from mpiredist.core.layout import Layout
     spec = getattr(case, which)
     axes = tuple((str(name), evaluate(size, P)) for name, size in spec["mesh"].items())
     for name, size in axes:
@@ -569,7 +569,7 @@ def measure(comm, c, repeats, explain=False):
     """The rows of one case (collective): one per strategy, agreed on every rank."""
     from mpi4py import MPI
 
-    from .memory import traced_peak
+    from mpiredist.bench.measure import traced_peak
 
     geo = Geometry(c)
     rank = comm.rank
@@ -652,7 +652,7 @@ def _mib(n):
 
 def format_rows(rows):
     """The table as text (rank 0 prints it): a line per case, then one row per strategy."""
-    from .report import _table
+    from mpiredist.bench.report import table
 
     lines, seen = [], []
     for r in rows:
@@ -668,15 +668,15 @@ def format_rows(rows):
               "-" if r["ratio_to_raw"] is None else f"{r['ratio_to_raw']:.2f}",
               _mib(r["peak_bytes"]), f"{r['peak_ratio']:.2f}", _mib(r["bytes_sent"]),
               r["check"]) for r in rows]
-    lines.append(_table(cells, head, ["left", "left"] + ["right"] * 5 + ["left"]))
+    lines.append(table(cells, head, ["left", "left"] + ["right"] * 5 + ["left"]))
     return "\n".join(lines)
 
 
 def main(argv=None, comm=None):
     """Run the cross-mesh table on ``comm`` (default COMM_WORLD); 0 if every check is ok."""
-    from ..runtime.mpi import mpi
+    from mpiredist.runtime.mpi import mpi
 
-    parser = argparse.ArgumentParser(prog="python -m mpiredist.bench.crossmesh",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_cross_mesh",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=float, default=DEFAULT_SIZE,
                         help="bytes relative to the cases' ~8 MiB source blocks "

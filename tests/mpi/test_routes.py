@@ -144,3 +144,133 @@ def test_resplit_of_an_axis_out_of_range():
     all_ok(COMM, isinstance(err, ValueError) and "5" in str(err)
            and len(set(COMM.allgather(str(err)))) == 1, f"resplit(a, 5): {err!r}")
     _still_works()
+
+
+# ------------------------------------------------------------ the table of mistakes
+#
+# Each mistake on every route that can make it: redistribute, Transfer,
+# DistArray.redistribute, TransferGroup, between meshes (redistribute with
+# dst_mesh, and a TransferGroup to another mesh).  Every route raises the same
+# class with a message holding the same words, on every rank (the torch
+# drop-in's share of the table is in tests/mpi/test_dtensor.py).
+
+PART = mr.Mesh({"x": SIZE}, ranks=list(range(SIZE)))         # a mesh over listed ranks
+FEW = mr.Mesh({"p": max(1, SIZE // 2)}, ranks=list(range(max(1, SIZE // 2))))
+
+
+def _item(src=SRC, dst="[{}, {x}]", shape=SHAPE):
+    return {"w": (shape, "float32", src, dst)}
+
+
+def _group(items, blocks=None, **kw):
+    def call():
+        with mr.TransferGroup(items, MESH, **kw) as g:
+            g.run({"w": _block().local.copy()} if blocks is None else blocks)
+    return call
+
+
+def _mistakes():
+    """``{mistake: (class, words, {route: call})}``."""
+    local = _block().local.copy()
+    a = _block()
+    other = MPI.COMM_WORLD.Dup()
+    on_other = mr.Mesh({"y": SIZE}, comm=other)
+    wrong = np.zeros((SHAPE[0] + 3, 5), "float32") if RANK == SIZE - 1 else local
+    table = {
+        "unknown strategy": (mr.PlanError, "is not one of", {
+            "redistribute": lambda: mr.redistribute(local, SHAPE, MESH, SRC, "[{}, {x}]",
+                                                    strategy="teleport"),
+            "Transfer": lambda: mr.Transfer(SHAPE, "float32", MESH, SRC, "[{}, {x}]",
+                                            strategy="teleport"),
+            "DistArray": lambda: a.redistribute("[{}, {x}]", strategy="teleport"),
+            "between meshes": lambda: mr.redistribute(local, SHAPE, MESH, SRC, "[{}, {a}]",
+                                                      strategy="teleport", dst_mesh=OTHER)}),
+        "bad W": (mr.ShapeError, "workspace_bytes must be", {
+            "redistribute": lambda: mr.redistribute(local, SHAPE, MESH, SRC, "[{}, {x}]",
+                                                    workspace_bytes=-5),
+            "Transfer": lambda: mr.Transfer(SHAPE, "float32", MESH, SRC, "[{}, {x}]",
+                                            workspace_bytes=-5),
+            "DistArray": lambda: a.redistribute("[{}, {x}]", workspace_bytes=-5),
+            "TransferGroup": _group(_item(), workspace_bytes=-5),
+            "between meshes": lambda: mr.redistribute(local, SHAPE, MESH, SRC, "[{}, {a}]",
+                                                      workspace_bytes=-5, dst_mesh=OTHER)}),
+        "bad layout text": (mr.LayoutError, "layout", {
+            "redistribute": lambda: mr.redistribute(local, SHAPE, MESH, SRC, "[{}, {x}"),
+            "Transfer": lambda: mr.Transfer(SHAPE, "float32", MESH, SRC, "[{}, {x}"),
+            "DistArray": lambda: a.redistribute("[{}, {x}"),
+            "TransferGroup": _group(_item(dst="[{}, {x}")),
+            "between meshes": lambda: mr.redistribute(local, SHAPE, MESH, SRC, "[{}, {a}",
+                                                      dst_mesh=OTHER)}),
+        "unknown axis": (mr.LayoutError, "'q'", {
+            "redistribute": lambda: mr.redistribute(local, SHAPE, MESH, SRC, "[{}, {q}]"),
+            "Transfer": lambda: mr.Transfer(SHAPE, "float32", MESH, SRC, "[{}, {q}]"),
+            "DistArray": lambda: a.redistribute("[{}, {q}]"),
+            "TransferGroup": _group(_item(dst="[{}, {q}]")),
+            "between meshes": lambda: mr.redistribute(local, SHAPE, MESH, SRC, "[{}, {q}]",
+                                                      dst_mesh=OTHER)}),
+        "wrong ndim": (mr.LayoutError, "dimension(s) but the array has 2", {
+            "redistribute": lambda: mr.redistribute(local, SHAPE, MESH, SRC, "[{}, {x}, {}]"),
+            "Transfer": lambda: mr.Transfer(SHAPE, "float32", MESH, SRC, "[{}, {x}, {}]"),
+            "DistArray": lambda: a.redistribute("[{}, {x}, {}]"),
+            "TransferGroup": _group(_item(dst="[{}, {x}, {}]")),
+            "between meshes": lambda: mr.redistribute(local, SHAPE, MESH, SRC,
+                                                      "[{}, {a}, {}]", dst_mesh=OTHER)}),
+        "a float in the global shape": (mr.ShapeError, "is not a sequence of integers", {
+            "redistribute": lambda: mr.redistribute(local, (SHAPE[0] + 0.5, 3), MESH, SRC,
+                                                    "[{}, {x}]"),
+            "Transfer": lambda: mr.Transfer((SHAPE[0] + 0.5, 3), "float32", MESH, SRC,
+                                            "[{}, {x}]"),
+            "DistArray": lambda: mr.DistArray.from_local(local, MESH, SRC,
+                                                         (SHAPE[0] + 0.5, 3)),
+            "TransferGroup": _group(_item(shape=(SHAPE[0] + 0.5, 3))),
+            "between meshes": lambda: mr.redistribute(local, (SHAPE[0] + 0.5, 3), MESH, SRC,
+                                                      "[{}, {a}]", dst_mesh=OTHER)}),
+        "target mesh on another communicator": (mr.MeshError, "another communicator", {
+            "redistribute": lambda: mr.redistribute(local, SHAPE, MESH, SRC, "[{}, {y}]",
+                                                    dst_mesh=on_other),
+            "Transfer": lambda: mr.Transfer(SHAPE, "float32", MESH, SRC, "[{}, {y}]",
+                                            dst_mesh=on_other),
+            "DistArray": lambda: a.redistribute("[{}, {y}]", mesh=on_other),
+            "TransferGroup": _group(_item(dst="[{}, {y}]"), dst_mesh=on_other)}),
+    }
+    if SIZE > 1:
+        table["a wrong block on the last rank"] = (mr.ShapeError, "local block has shape", {
+            "redistribute": lambda: mr.redistribute(wrong, SHAPE, MESH, SRC, "[{}, {x}]"),
+            "Transfer": lambda: mr.Transfer(SHAPE, "float32", MESH, SRC,
+                                            "[{}, {x}]").run(wrong),
+            "TransferGroup": _group(_item(), {"w": wrong}),
+            "between meshes": lambda: mr.redistribute(wrong, SHAPE, MESH, SRC, "[{}, {a}]",
+                                                      dst_mesh=OTHER)})
+        # ranks past the first half are outside FEW; they pass a block all the same
+        few_src = "[{p}, {}]"
+        few_block = np.zeros((-(-SHAPE[0] // FEW.size), 3), "float32")
+        table["a rank outside the source mesh passing a block"] = (
+            mr.ShapeError, "outside the source mesh", {
+                "redistribute": lambda: mr.redistribute(few_block, SHAPE, FEW, few_src,
+                                                        "[{}, {x}]", dst_mesh=PART),
+                "Transfer": lambda: mr.Transfer(SHAPE, "float32", FEW, few_src, "[{}, {x}]",
+                                                dst_mesh=PART).run(few_block),
+                "TransferGroup": lambda: mr.TransferGroup(
+                    {"w": (SHAPE, "float32", few_src, "[{}, {x}]")}, FEW,
+                    dst_mesh=PART).run({"w": few_block})})
+    return table, other
+
+
+@pytest.mark.mpi
+def test_each_mistake_raises_one_class_on_every_route():
+    """The table of mistakes: one class and the same words on every route, every
+    rank; a correct call works afterwards."""
+    table, other = _mistakes()
+    try:
+        bad = []
+        for mistake, (expected, words, routes) in table.items():
+            for name, call in routes.items():
+                err = _outcome(call)
+                ok = isinstance(err, expected) and words in str(err)
+                if not ok:
+                    bad.append(f"{mistake} / {name}: rank {RANK} raised "
+                               f"{type(err).__name__}: {err}")
+        all_ok(COMM, not bad, "; ".join(bad[:4]))
+    finally:
+        other.Free()
+    _still_works()

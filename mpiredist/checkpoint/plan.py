@@ -1,0 +1,168 @@
+"""Which byte ranges of the saved files a target block needs (pure).
+
+For a target block (a box of the global array) and the saved pieces of the
+array, :func:`segments` lists the reads: for every piece that overlaps the
+block and every panel of it that does, one contiguous run of the piece's
+file -- the rows the block needs, widened to whole tiles where the piece
+has checksums, so that every byte read is verified.  A run goes straight
+into the block where its bytes are one contiguous run of the block too
+(the panel spans the block's extent in every dim after the first, and no
+row was added for a tile), else through a read buffer.  :func:`split`
+cuts runs that do not fit the buffer at tile boundaries;
+:func:`batches` groups adjacent runs of one file into single reads.
+"""
+
+import math
+
+from ..core.blocks import contiguous_box, flat_offset
+from .grid import cell_span
+
+__all__ = ["Target", "Segment", "segments", "split", "batches", "MAX_IOV", "MAX_READ"]
+
+MAX_IOV = 1024          # buffers of one preadv (Linux's IOV_MAX)
+MAX_READ = 1 << 30      # bytes of one read (Linux caps one read at 2 GiB - 4 KiB)
+
+
+class Target:
+    """A block to fill: the array's name, its global box and its memory.
+
+    ``array`` is a numpy array of the box's shape (``box`` of a 0-d array
+    is ``((0, 1),)`` and ``array`` a 1-element view); ``straight`` is True
+    where runs may be read into its memory directly (it is C-contiguous).
+    """
+
+    __slots__ = ("name", "box", "array", "itemsize", "straight", "flat")
+
+    def __init__(self, name, box, array):
+        self.name, self.box, self.array = name, box, array
+        self.itemsize = array.dtype.itemsize
+        self.straight = bool(array.flags.c_contiguous)
+        self.flat = None
+
+    def bytes_view(self):
+        """The block's bytes, a flat uint8 view (straight targets only)."""
+        if self.flat is None:
+            self.flat = self.array.reshape(-1).view("u1")
+        return self.flat
+
+
+class Segment:
+    """One contiguous run of a file, and where its bytes go.
+
+    ``rows`` ``(ra, rb)`` is the range of the first dim read from panel
+    ``panel`` of ``piece``; ``need`` the global box the target takes from it
+    (inside the read box ``((ra, rb),) + panel ranges``).  ``straight``:
+    read into the target's memory at byte ``at``.
+    """
+
+    __slots__ = ("file", "offset", "nbytes", "target", "piece", "panel", "ranges", "rows",
+                 "need", "straight", "at")
+
+    def __init__(self, file, offset, nbytes, target, piece, panel, ranges, rows, need,
+                 straight, at):
+        self.file, self.offset, self.nbytes = file, offset, nbytes
+        self.target, self.piece, self.panel, self.ranges = target, piece, panel, ranges
+        self.rows, self.need, self.straight, self.at = rows, need, straight, at
+
+    @property
+    def read_box(self):
+        return (self.rows,) + self.ranges
+
+    @property
+    def needed_bytes(self):
+        return math.prod(b - a for a, b in self.need) * self.target.itemsize
+
+    def __repr__(self):
+        return (f"Segment({self.target.name!r}, offset={self.offset}, nbytes={self.nbytes}, "
+                f"rows={self.rows}, straight={self.straight})")
+
+
+def _clip(a, b):
+    return tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
+
+
+def segments(target, pieces):
+    """The reads that fill ``target`` (a :class:`Target`) from ``pieces``, in the
+    pieces' order."""
+    out = []
+    tbox = target.box
+    for piece in pieces:
+        g = piece.geometry
+        over = _clip(g.box, tbox)
+        if any(lo >= hi for lo, hi in over):
+            continue
+        a, b = over[0]
+        if piece.crcs is not None:
+            ra, rb = cell_span(g.shape[0], g.parts[0], *g.box[0], a, b)
+        else:
+            ra, rb = a, b
+        if piece.whole:
+            ra, rb = g.box[0]
+        for panel, ranges in g.panels_in(over[1:]):
+            if piece.whole:
+                ranges = g.box[1:]
+            need = ((a, b),) + _clip(ranges, over[1:])
+            offset, nbytes = g.run(panel, ra, rb)
+            straight, at = False, 0
+            if target.straight and (ra, rb) == (a, b) and not piece.whole \
+                    and need[1:] == ranges:
+                starts = tuple(lo - t for (lo, _), (t, _) in zip(need, tbox))
+                shape = tuple(hi - lo for lo, hi in need)
+                full = tuple(hi - lo for lo, hi in tbox)
+                if contiguous_box(full, starts, shape):
+                    straight, at = True, flat_offset(full, starts) * target.itemsize
+            out.append(Segment(piece.file, piece.offset + offset, nbytes, target, piece,
+                               panel, tuple(ranges), (ra, rb), need, straight, at))
+            if piece.whole:
+                break
+    return out
+
+
+def split(segment, limit):
+    """``segment`` cut into runs of at most ``limit`` bytes (at least one tile or
+    row each), at tile boundaries where the piece has checksums."""
+    if segment.straight or segment.nbytes <= limit or segment.piece.whole:
+        return [segment]
+    g, piece = segment.piece.geometry, segment.piece
+    row = g.row_bytes[segment.panel]
+    ra, rb = segment.rows
+    if piece.crcs is not None:
+        i, j = g.slab_range(ra, rb)
+        cuts = [g.slab_rows(s)[0] for s in range(i, j)] + [rb]
+    else:
+        cuts = None
+    out, start = [], ra
+    while start < rb:
+        stop = min(rb, start + max(1, limit // row))
+        if cuts is not None:            # back to a tile boundary, at least one tile
+            fit = [c for c in cuts if start < c <= stop]
+            stop = fit[-1] if fit else next(c for c in cuts if c > start)
+        a, b = segment.need[0]
+        need = ((max(a, start), min(b, stop)),) + segment.need[1:]
+        offset, nbytes = g.run(segment.panel, start, stop)
+        if need[0][0] < need[0][1]:
+            out.append(Segment(segment.file, piece.offset + offset, nbytes, segment.target,
+                               piece, segment.panel, segment.ranges, (start, stop), need,
+                               False, 0))
+        start = stop
+    return out
+
+
+def batches(runs, limit):
+    """Group ``runs`` (segments of one file, sorted by offset) into single reads:
+    adjacent in the file, at most ``limit`` buffered bytes, :data:`MAX_IOV`
+    buffers and :data:`MAX_READ` bytes each."""
+    out, batch, end, buffered, total = [], [], None, 0, 0
+    for s in runs:
+        extra = 0 if s.straight else s.nbytes
+        if batch and (s.offset != end or buffered + extra > limit or len(batch) >= MAX_IOV
+                      or total + s.nbytes > MAX_READ):
+            out.append(batch)
+            batch, buffered, total = [], 0, 0
+        batch.append(s)
+        end = s.offset + s.nbytes
+        buffered += extra
+        total += s.nbytes
+    if batch:
+        out.append(batch)
+    return out

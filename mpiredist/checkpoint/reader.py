@@ -1,0 +1,155 @@
+"""Reading the planned runs into the targets, verifying every tile (no MPI).
+
+:func:`fill` takes the targets and their pieces, plans the runs
+(:mod:`mpiredist.checkpoint.plan`), and for each file in turn issues its
+reads in file order: adjacent runs go in one ``os.preadv`` whose buffers
+are the targets' own memory (runs contiguous there) and slices of one read
+buffer (the others), at most ``buffer_bytes`` of it.  Then every tile read
+is checked against its CRC-32 and the buffered runs are copied into place.
+
+A tile whose checksum does not match is reported, not raised: the caller
+(a collective load) must first let every rank finish, then raise together.
+What it leaves: a run read straight into a target holds the bad bytes; a
+buffered run is not copied (that part of the target keeps its old
+values).  Either way the target is *failed*: the load names it.
+"""
+
+import os
+import zlib
+
+import numpy as np
+
+from ..core.errors import CheckpointError
+from .plan import batches, segments, split
+
+__all__ = ["fill", "Stats", "read_exactly"]
+
+
+class Stats:
+    """What a fill did: bytes read and needed, reads issued, tiles checked."""
+
+    __slots__ = ("read", "needed", "calls", "tiles", "straight")
+
+    def __init__(self):
+        self.read = self.needed = self.calls = self.tiles = self.straight = 0
+
+    def __repr__(self):
+        return (f"Stats(read={self.read}, needed={self.needed}, calls={self.calls}, "
+                f"tiles={self.tiles}, straight={self.straight})")
+
+
+def read_exactly(fd, views, offset, file):
+    """``os.preadv`` until every view is full; CheckpointError at the end of the file."""
+    views = list(views)
+    want = sum(len(v) for v in views)
+    got = 0
+    while views:
+        n = os.preadv(fd, views, offset)
+        if n == 0:
+            raise CheckpointError(f"file {file!r} is truncated: {want} bytes wanted at offset "
+                                  f"{offset - got}, the file ends after {got}")
+        got += n
+        offset += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]
+    return got
+
+
+def _check(seg, memory, failures, stats):
+    """Verify the tiles of ``seg`` held in ``memory`` (bytes of the read box)."""
+    piece = seg.piece
+    crcs = piece.crcs
+    if crcs is None:
+        return True
+    g = piece.geometry
+    row = g.row_bytes[seg.panel]
+    ra, rb = seg.rows
+    i, j = g.slab_range(ra, rb)
+    base = seg.panel * g.slab_count
+    for s in range(i, j):
+        a, b = g.slab_rows(s)
+        if zlib.crc32(memory[(a - ra) * row:(b - ra) * row]) != int(crcs[base + s]):
+            failures.append((seg.target.name, seg.file,
+                             f"checksum mismatch in the tile of rows {a}:{b} of panel "
+                             f"{seg.panel} of the box {list(piece.box)} at byte "
+                             f"{seg.offset + (a - ra) * row}"))
+            return False
+    stats.tiles += j - i
+    return True
+
+
+def _copy(seg, memory):
+    """Copy the needed part of a buffered run into its target."""
+    t = seg.target
+    dtype = t.array.dtype
+    box = seg.read_box
+    if seg.piece.whole and seg.piece.strides is not None:
+        flat = np.frombuffer(memory, dtype=dtype)
+        src = np.lib.stride_tricks.as_strided(
+            flat, tuple(hi - lo for lo, hi in box),
+            tuple(s * dtype.itemsize for s in seg.piece.strides), writeable=False)
+    else:
+        src = np.frombuffer(memory, dtype=dtype).reshape(tuple(hi - lo for lo, hi in box))
+    src = src[tuple(slice(a - lo, b - lo) for (a, b), (lo, _) in zip(seg.need, box))]
+    dst = t.array[tuple(slice(a - lo, b - lo) for (a, b), (lo, _) in zip(seg.need, t.box))]
+    np.copyto(dst, src)
+
+
+def plan_all(items, buffer_bytes):
+    """Every run of ``items`` (pairs of a Target and its pieces), cut to fit the
+    buffer, grouped by file and sorted by offset."""
+    by_file = {}
+    for target, pieces in items:
+        for seg in segments(target, pieces):
+            for part in split(seg, buffer_bytes):
+                by_file.setdefault(part.file, []).append(part)
+    for runs in by_file.values():
+        runs.sort(key=lambda s: s.offset)
+    return by_file
+
+
+def fill(items, buffer_bytes, stats=None):
+    """Fill every target of ``items`` from its pieces; the list of failures
+    ``(name, file, what)`` (checksum mismatches; I/O errors raise)."""
+    stats = Stats() if stats is None else stats
+    by_file = plan_all(items, buffer_bytes)
+    largest = max((s.nbytes for runs in by_file.values() for s in runs if not s.straight),
+                  default=0)
+    buffer = np.empty(min(buffer_bytes, largest) if largest else 0, dtype=np.uint8)
+    view = memoryview(buffer)
+    failures, failed = [], set()
+    for file, runs in by_file.items():
+        try:
+            fd = os.open(file, os.O_RDONLY)
+        except OSError as exc:
+            raise CheckpointError(f"cannot open {file!r} (array "
+                                  f"{runs[0].target.name!r}): {exc.strerror}") from None
+        try:
+            for batch in batches(runs, len(buffer)):
+                places, at = [], 0
+                for s in batch:
+                    if s.straight:
+                        places.append(s.target.bytes_view()[s.at:s.at + s.nbytes].data)
+                    else:
+                        places.append(view[at:at + s.nbytes])
+                        at += s.nbytes
+                try:
+                    stats.read += read_exactly(fd, places, batch[0].offset, file)
+                except CheckpointError as exc:
+                    raise CheckpointError(f"array {batch[0].target.name!r}: {exc}") from None
+                stats.calls += 1
+                for s, memory in zip(batch, places):
+                    stats.needed += s.needed_bytes
+                    if not _check(s, memory, failures, stats):
+                        failed.add(s.target.name)
+                        continue
+                    if s.straight:
+                        stats.straight += 1
+                    else:
+                        _copy(s, memory)
+        finally:
+            os.close(fd)
+    return failures

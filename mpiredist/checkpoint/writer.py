@@ -1,0 +1,216 @@
+"""Writing one rank's boxes, and publishing a generation (no MPI).
+
+Each rank writes the boxes given to it (:mod:`mpiredist.checkpoint.entries`
+decides which) into its own file of the new generation directory, in the
+panel order of :class:`~mpiredist.checkpoint.grid.Geometry`: a panel whose
+rows are one contiguous run of the rank's block is written straight from
+it, the others are packed into a buffer of at most ``buffer_bytes``; every
+tile's CRC-32 is computed from the bytes written.  The file is fsynced
+before the rank reports.
+
+Rank 0 then writes the index and replaces the pointer (:func:`publish`),
+and removes older generations.  Nothing here raises past the caller's
+control: :func:`write_boxes` returns an error instead, for the ranks to
+agree on.
+"""
+
+import os
+import shutil
+import zlib
+
+import numpy as np
+
+from ..core.blocks import contiguous_box
+from .grid import Geometry
+from .index import (INDEX, POINTER, FORMAT, VERSION, encode_crcs, fsync_dir, write_durably)
+
+__all__ = ["Box", "write_boxes", "publish", "file_name", "ALIGN", "remove_generation"]
+
+ALIGN = 64      # each saved box starts at a multiple of this in its file
+
+
+def file_name(rank):
+    """The data file of ``rank`` in a generation directory."""
+    return f"r{rank:05d}.bin"
+
+
+class Box:
+    """A box to write: ``key`` of the array, its ``grid``, this rank's ``block``
+    (numpy, holding global box ``held``) and the ``box`` to save from it."""
+
+    __slots__ = ("key", "shape", "grid", "block", "held", "box")
+
+    def __init__(self, key, shape, grid, block, held, box):
+        self.key, self.shape, self.grid = key, shape, grid
+        self.block, self.held, self.box = block, held, box
+
+
+class _Out:
+    """A file written in order through one buffer."""
+
+    def __init__(self, fd, size):
+        self.fd, self.at = fd, 0
+        self.buf = np.empty(size, dtype=np.uint8)
+        self.view = memoryview(self.buf)
+        self.used = 0
+
+    def _write(self, data, offset):
+        view = memoryview(data).cast("B")
+        while view:
+            n = os.pwrite(self.fd, view, offset)
+            if n <= 0:
+                raise OSError(f"pwrite wrote {n} bytes")
+            view, offset = view[n:], offset + n
+
+    def flush(self):
+        if self.used:
+            self._write(self.view[:self.used], self.at - self.used)
+            self.used = 0
+
+    def skip_to(self, offset):
+        """Leave a gap up to ``offset`` (alignment)."""
+        self.flush()
+        self.at = offset
+
+    def straight(self, memory):
+        self.flush()
+        self._write(memory, self.at)
+        self.at += len(memory)
+
+    def room(self, nbytes):
+        """A buffer slice of ``nbytes`` to fill (flushing first when full)."""
+        if self.used + nbytes > len(self.buf):
+            self.flush()
+        out = self.view[self.used:self.used + nbytes]
+        self.used += nbytes
+        self.at += nbytes
+        return out
+
+
+def _crcs(memory, row, rows, g, first, out):
+    """CRC-32 of each tile of rows ``rows`` (global) held in ``memory``."""
+    ra, rb = rows
+    i, j = g.slab_range(ra, rb)
+    for s in range(i, j):
+        a, b = g.slab_rows(s)
+        out.append(zlib.crc32(memory[(a - ra) * row:(b - ra) * row]))
+
+
+def _write_box(out, item, buffer_bytes):
+    """Write one box; returns its offset and CRCs (panel-major)."""
+    block, held = item.block, item.held
+    itemsize = block.dtype.itemsize
+    g = Geometry(item.shape, item.grid, item.box, itemsize)
+    offset = -(-out.at // ALIGN) * ALIGN
+    out.skip_to(offset)
+    crcs = []
+    lo, hi = g.box[0]
+    full = tuple(b - a for a, b in held)
+    for panel, ranges in enumerate(g.panels):
+        region = ((lo, hi),) + ranges
+        index = tuple(slice(a - h, b - h) for (a, b), (h, _) in zip(region, held))
+        src = block[index]
+        row = g.row_bytes[panel]
+        starts = tuple(a - h for (a, _), (h, _) in zip(region, held))
+        shape = tuple(b - a for a, b in region)
+        if block.flags.c_contiguous and contiguous_box(full, starts, shape) and src.size:
+            memory = memoryview(src.reshape(-1).view(np.uint8))
+            _crcs(memory, row, (lo, hi), g, 0, crcs)
+            out.straight(memory)
+            continue
+        # through the buffer, in parts of whole tiles
+        i, j = g.slab_range(lo, hi)
+        s = i
+        per = max(1, buffer_bytes // max(row, 1))
+        while s < j:
+            a = g.slab_rows(s)[0]
+            t = s
+            while t < j and g.slab_rows(t)[1] - a <= per:
+                t += 1
+            t = max(t, s + 1)
+            b = g.slab_rows(t - 1)[1]
+            room = out.room((b - a) * row)
+            part = np.frombuffer(room, dtype=block.dtype).reshape((b - a,) + shape[1:])
+            np.copyto(part, src[a - lo:b - lo])
+            _crcs(room, row, (a, b), g, 0, crcs)
+            s = t
+    return offset, crcs
+
+
+def write_boxes(folder, rank, items, buffer_bytes):
+    """Write ``items`` (:class:`Box`) to this rank's file in ``folder``.
+
+    Returns ``(records, size, error)``: per item ``(key, box, file, offset,
+    crc32 text)``, the file's size, and None or the OSError (text) that
+    stopped it.  Nothing is written (no file made) when ``items`` is empty.
+    """
+    items = [it for it in items if all(a < b for a, b in it.box) or not it.box]
+    if not items:
+        return [], {}, None
+    name = file_name(rank)
+    path = os.path.join(folder, name)
+    records = []
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            largest = max(_largest_tile(it) for it in items)
+            out = _Out(fd, max(buffer_bytes, largest))
+            for it in items:
+                offset, crcs = _write_box(out, it, len(out.buf))
+                records.append((list(it.key), [list(r) for r in it.box[:len(it.shape)]], name, offset,
+                                encode_crcs(crcs)))
+            out.flush()
+            os.fsync(fd)
+            size = out.at
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return [], {}, f"rank {rank} could not write {path!r}: {exc.strerror or exc}"
+    return records, {name: size}, None
+
+
+def _largest_tile(item):
+    g = Geometry(item.shape, item.grid, item.box, item.block.dtype.itemsize)
+    rows = -(-g.shape[0] // g.parts[0])
+    return max(g.row_bytes, default=0) * rows
+
+
+def publish(path, gen, doc):
+    """Rank 0's last step: the index into ``path/gen``, then the pointer
+    replaced atomically, each fsynced; then older generations removed.
+    Returns None or an error text."""
+    folder = os.path.join(path, gen)
+    try:
+        write_durably(os.path.join(folder, INDEX), doc)
+        fsync_dir(folder)
+        write_durably(os.path.join(path, POINTER),
+                      {"format": FORMAT, "version": VERSION, "generation": gen})
+    except OSError as exc:
+        return f"rank 0 could not publish the checkpoint {path!r}: {exc.strerror or exc}"
+    try:
+        for entry in os.listdir(path):
+            if entry.startswith("gen-") and entry != gen:
+                remove_generation(os.path.join(path, entry))
+        listed = set(doc["files"]) | {INDEX}
+        for entry in os.listdir(folder):        # files left by an earlier, killed save
+            if entry not in listed:
+                _remove(os.path.join(folder, entry))
+    except OSError:
+        pass                                    # the checkpoint is published: best effort
+    return None
+
+
+def _remove(path):
+    try:
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.remove(path)
+    except OSError:
+        pass
+
+
+def remove_generation(folder):
+    """Remove a generation directory, ignoring errors (best effort)."""
+    shutil.rmtree(folder, ignore_errors=True)

@@ -91,8 +91,9 @@ class Entry:
         """What every rank must agree on about this entry."""
         if self.kind == "value":
             return (self.key, "value")
+        known = self.dtype is not None and not (self.kind == "dist" and self.mesh.ranks)
         return (self.key, self.kind if self.kind != "new" else "dist", self.shape,
-                dtype_text(self.dtype) if self.dtype is not None else None, self.describe)
+                dtype_text(self.dtype) if known else None, self.describe)
 
 
 def flatten(tree, what):

@@ -223,9 +223,9 @@ def _publish(where, gen, arrays, values, gathered, size, what):
     for records, f, _, d in gathered:
         files.update(f)
         dtypes.update(d)
-        for key, box, file, offset, crc in records:
+        for key, box, file, offset, crcs in records:
             pieces.setdefault(tuple(key), []).append(
-                {"box": box, "file": file, "offset": offset, "crc32": crc})
+                {"box": box, "file": file, "offset": offset, "crcs": crcs})
     docs = []
     for e in arrays:
         dt = dtypes.get(e.name)
@@ -390,6 +390,8 @@ def _check_files(plans, index):
                     raise CheckpointError(f"checkpoint {index.where!r}: cannot read {p.file!r} "
                                           f"({exc.strerror})") from None
             end = p.offset + (p.geometry.nbytes if not p.whole else 0)
+            if p.checked:
+                end = max(end, p.crc_at + 4 * p.geometry.tiles)
             if sizes[p.file] < end:
                 raise CheckpointError(f"checkpoint {index.where!r}: file {p.file!r} is "
                                       f"truncated: {sizes[p.file]} bytes, but box "

@@ -34,7 +34,6 @@ import numpy as np
 
 from ..core.backend import as_dtype
 from ..core.errors import CheckpointError
-from .grid import Geometry
 from .index import Array, Index, Piece
 
 __all__ = ["METADATA", "is_dcp", "read_metadata", "read_object", "locate"]
@@ -161,15 +160,14 @@ def read_metadata(path):
             _fail(path, f"tensor {name!r} has dtype {dname!r}, which mpiredist does not read")
         dtype = as_dtype(_TORCH_DTYPES[str(dname)])
         shape = tuple(meta.size)
-        pieces = []
+        array = arrays[name] = Array((name,), shape, dtype, (1,) * max(1, len(shape)), [])
         for chunk in meta.chunks:
             offsets, sizes = tuple(chunk.offsets), tuple(chunk.sizes)
             info = storage.get((name, offsets))
             if info is None:
                 _fail(path, f"tensor {name!r}: no storage for its chunk at {offsets}")
             box = tuple((o, o + s) for o, s in zip(offsets, sizes))
-            pieces.append(_LazyPiece(path, name, box, shape, dtype, info))
-        arrays[name] = Array((name,), shape, dtype, (1,) * max(1, len(shape)), pieces)
+            array.pieces.append(_LazyPiece(array, path, name, box, info))
     return Index(path, "dcp", arrays, values)
 
 
@@ -185,13 +183,11 @@ def _offsets(key):
 class _LazyPiece(Piece):
     """A DCP chunk; its storage's place in the file is found on first use."""
 
-    __slots__ = ("where", "name", "info", "located", "dtype_")
+    __slots__ = ("where", "name", "info", "located")
 
-    def __init__(self, where, name, box, shape, dtype, info):
-        geometry = Geometry(shape, (1,) * len(shape), box, dtype.itemsize)
-        super().__init__(box, os.path.join(where, info.relative_path), None, geometry)
+    def __init__(self, array, where, name, box, info):
+        super().__init__(array, box, os.path.join(where, info.relative_path), None)
         self.where, self.name, self.info, self.located = where, name, info, False
-        self.dtype_ = dtype
 
     def locate(self):
         if not self.located:
@@ -289,7 +285,7 @@ def locate(piece):
         if method != 0:
             _fail(where, f"tensor {piece.name!r}: its storage in {file!r} is compressed "
                          "(zip method {method}); mpiredist reads uncompressed storages")
-        if as_dtype(_TORCH_DTYPES[rec["storage"]["dtype"]]) != piece.dtype_:
+        if as_dtype(_TORCH_DTYPES[rec["storage"]["dtype"]]) != piece.array.dtype:
             _fail(where, f"tensor {piece.name!r}: storage dtype {rec['storage']['dtype']} "
                          "differs from the metadata's")
         data = _data_start(fd, start, lho, file)
@@ -302,7 +298,7 @@ def locate(piece):
     if shape != want:
         _fail(where, f"tensor {piece.name!r}: the chunk in {file!r} has shape {shape}, the "
                      f"metadata says {want}")
-    itemsize = piece.dtype_.itemsize
+    itemsize = piece.array.dtype.itemsize
     piece.offset = data + rec["offset"] * itemsize
     if stride != _c_strides(shape) and int(np.prod(shape)) > 1:
         dense = sorted(zip(stride, shape))

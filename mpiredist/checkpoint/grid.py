@@ -99,37 +99,39 @@ def cell_span(n, parts, lo, hi, a, b):
 class Geometry:
     """Where the bytes of one saved box lie, relative to the box's offset.
 
+    Computed from the grid on demand (a few hundred bytes per box, whatever
+    its number of panels and tiles).
+
     Parameters
     ----------
     shape : tuple of int
         The array's global shape.
     parts : tuple of int
-        Its grid (:func:`grid`); the first dim's parts may be the length
-        itself (every row a tile: storage without checksums, such as DCP's).
+        Its grid (:func:`grid`); all ones for storage in plain C order
+        (DCP's), whose first dim then has no tiles to check.
     box : tuple of (int, int)
         The saved box, global indices, per dim (a 0-d array: ``()``).
     itemsize : int
     """
 
-    __slots__ = ("shape", "parts", "box", "itemsize", "per_dim", "panels", "panel_offsets",
-                 "row_bytes", "first_slab", "slab_count", "nbytes")
+    __slots__ = ("shape", "parts", "box", "itemsize", "cells", "counts", "widths", "panels",
+                 "first_slab", "slab_count", "nbytes")
 
     def __init__(self, shape, parts, box, itemsize):
         self.shape, self.itemsize = _shape(shape), itemsize
         self.parts = tuple(parts) if len(parts) else (1,)
         self.box = tuple(tuple(b) for b in box) if len(box) else ((0, 1),)
-        self.per_dim = [cells(n, k, lo, hi)[1] for n, k, (lo, hi) in
-                        zip(self.shape[1:], self.parts[1:], self.box[1:])]
-        self.panels = _product(self.per_dim)
+        self.cells, self.counts, self.widths = [], [], []
+        for n, k, (lo, hi) in zip(self.shape[1:], self.parts[1:], self.box[1:]):
+            c = max(1, -(-n // k))
+            first = lo // c
+            self.cells.append((c, first))
+            self.counts.append((-(-hi // c) - first) if hi > lo else 0)
+            self.widths.append(hi - lo)
+        self.panels = math.prod(self.counts)
         rows = self.box[0][1] - self.box[0][0]
-        self.row_bytes, self.panel_offsets, at = [], [], 0
-        for p in self.panels:
-            rb = itemsize * math.prod(b - a for a, b in p)
-            self.row_bytes.append(rb)
-            self.panel_offsets.append(at)
-            at += rows * rb
-        self.nbytes = at
-        c = -(-self.shape[0] // self.parts[0])
+        self.nbytes = rows * itemsize * math.prod(self.widths)
+        c = max(1, -(-self.shape[0] // self.parts[0]))
         lo, hi = self.box[0]
         self.first_slab = lo // c
         self.slab_count = (-(-hi // c) - self.first_slab) if hi > lo else 0
@@ -137,32 +139,60 @@ class Geometry:
     @property
     def tiles(self):
         """Number of tiles (checksums): panels times slabs, panel-major."""
-        return len(self.panels) * self.slab_count
+        return self.panels * self.slab_count
+
+    def _digits(self, panel):
+        out = []
+        for count in reversed(self.counts):
+            panel, i = divmod(panel, count)
+            out.append(i)
+        return out[::-1]
+
+    def _cell(self, d, i):
+        """Range of cell ``i`` (counted from the box's first) of dim ``d + 1``."""
+        c, first = self.cells[d]
+        lo, hi = self.box[d + 1]
+        return max(lo, (first + i) * c), min(hi, (first + i + 1) * c)
+
+    def ranges(self, panel):
+        """The ranges of ``panel`` in the dims after the first."""
+        return tuple(self._cell(d, i) for d, i in enumerate(self._digits(panel)))
+
+    def row_bytes(self, panel):
+        """Bytes of one row of ``panel``."""
+        return self.itemsize * math.prod(b - a for a, b in self.ranges(panel))
+
+    def panel_offset(self, panel):
+        """Bytes before ``panel``: C order over the panels, each holding every row."""
+        digits = self._digits(panel)
+        cells = [self._cell(d, i) for d, i in enumerate(digits)]
+        elems = 0
+        for d, (a, _) in enumerate(cells):
+            inner = math.prod(hi - lo for lo, hi in cells[:d])
+            elems += (a - self.box[d + 1][0]) * inner * math.prod(self.widths[d + 1:])
+        return elems * (self.box[0][1] - self.box[0][0]) * self.itemsize
 
     def panels_in(self, ranges):
-        """``(index, ranges of the panel)`` of the panels that overlap ``ranges``
-        (per dim after the first), in file order."""
-        picked = []
-        for cells_d, (lo, hi) in zip(self.per_dim, ranges):
-            picked.append([(i, c) for i, c in enumerate(cells_d) if c[0] < hi and lo < c[1]])
-        counts = [len(c) for c in self.per_dim]
+        """``(index, ranges)`` of the panels that overlap ``ranges`` (per dim after
+        the first), in file order."""
         out = [(0, ())]
-        for d, choices in enumerate(picked):
-            out = [(k * counts[d] + i, r + (c,)) for k, r in out for i, c in choices]
+        for d, (lo, hi) in enumerate(ranges):
+            c, first = self.cells[d]
+            a = max(lo // c - first, 0)
+            b = min(-(-hi // c) - first, self.counts[d])
+            out = [(k * self.counts[d] + i, r + (self._cell(d, i),))
+                   for k, r in out for i in range(a, b)]
         return out
 
     def run(self, panel, a, b):
         """``(offset, nbytes)`` of rows ``[a, b)`` of ``panel`` (global rows)."""
-        lo = self.box[0][0]
-        rb = self.row_bytes[panel]
-        return self.panel_offsets[panel] + (a - lo) * rb, (b - a) * rb
+        rb = self.row_bytes(panel)
+        return self.panel_offset(panel) + (a - self.box[0][0]) * rb, (b - a) * rb
 
     def slab_range(self, a, b):
         """Indices ``[i, j)`` of the slabs that cover rows ``[a, b)``."""
-        n, k = self.shape[0], self.parts[0]
-        c = -(-n // k)
-        first = self.box[0][0] // c
-        return a // c - first, -(-b // c) - first
+        c = max(1, -(-self.shape[0] // self.parts[0]))
+        return a // c - self.first_slab, -(-b // c) - self.first_slab
 
     def slab_rows(self, s):
         """Rows ``(start, stop)`` of slab ``s`` (counted from the box's first), clipped
@@ -170,10 +200,3 @@ class Geometry:
         a, b = interval(self.shape[0], self.parts[0], self.first_slab + s)
         lo, hi = self.box[0]
         return max(a, lo), min(b, hi)
-
-
-def _product(per_dim):
-    out = [()]
-    for choices in per_dim:
-        out = [p + (c,) for p in out for c in choices]
-    return out

@@ -13,7 +13,6 @@ anything malformed is a :class:`~mpiredist.core.errors.CheckpointError`
 naming the file.
 """
 
-import base64
 import json
 import os
 
@@ -24,7 +23,7 @@ from ..core.errors import CheckpointError, ShapeError
 from .grid import Geometry
 
 __all__ = ["FORMAT", "VERSION", "POINTER", "INDEX", "Piece", "Array", "Index", "generation_name",
-           "read_pointer", "read_index", "write_durably", "fsync_dir", "name_of", "encode_crcs"]
+           "read_pointer", "read_index", "write_durably", "fsync_dir", "name_of"]
 
 FORMAT = "mpiredist-checkpoint"
 VERSION = 1
@@ -42,31 +41,37 @@ def name_of(path):
     return ".".join(str(k) for k in path)
 
 
-def encode_crcs(crcs):
-    """Checksums (uint32) as the index stores them: base64 of little-endian words."""
-    return base64.b64encode(np.asarray(crcs, dtype="<u4").tobytes()).decode("ascii")
-
-
 class Piece:
-    """One saved box of an array: where its bytes are and their checksums.
+    """One saved box of an array: where its bytes and their checksums are.
 
-    ``crcs`` is None for storage without checksums (DCP); else the tiles'
-    CRC-32 values, panel-major (:class:`~mpiredist.checkpoint.grid.Geometry`),
-    decoded on first use.  ``whole`` is set where the bytes can only be read
-    in one piece (a DCP storage that is not in C order).
+    ``crc_at`` is the file offset of the box's CRC-32 values (little-endian
+    uint32, one per tile, panel-major: :class:`~mpiredist.checkpoint.grid.Geometry`),
+    or None for storage without checksums (DCP); the reader loads the ones
+    it needs into ``crcs`` (those from tile ``crc_first`` on).  ``whole`` is set where the bytes can only be
+    read in one piece (a DCP storage that is not in C order, of element
+    ``strides``).  The geometry is made on first use.
     """
 
-    __slots__ = ("box", "file", "offset", "geometry", "_crcs", "whole", "strides")
+    __slots__ = ("array", "box", "file", "offset", "crc_at", "crcs", "crc_first", "whole",
+                 "strides", "_geometry")
 
-    def __init__(self, box, file, offset, geometry, crcs=None, whole=False, strides=None):
-        self.box, self.file, self.offset, self.geometry = box, file, offset, geometry
-        self._crcs, self.whole, self.strides = crcs, whole, strides
+    def __init__(self, array, box, file, offset, crc_at=None):
+        self.array, self.box, self.file, self.offset = array, box, file, offset
+        self.crc_at, self.crcs, self.crc_first = crc_at, None, 0
+        self.whole, self.strides = False, None
+        self._geometry = None
 
     @property
-    def crcs(self):
-        if isinstance(self._crcs, str):
-            self._crcs = np.frombuffer(base64.b64decode(self._crcs), dtype="<u4")
-        return self._crcs
+    def geometry(self):
+        if self._geometry is None:
+            a = self.array
+            self._geometry = Geometry(a.shape, a.grid, self.box, a.dtype.itemsize)
+        return self._geometry
+
+    @property
+    def checked(self):
+        """True where every tile has a checksum."""
+        return self.crc_at is not None
 
     def __repr__(self):
         return f"Piece(box={self.box}, file={os.path.basename(self.file)!r}, offset={self.offset})"
@@ -163,13 +168,14 @@ def read_index(path):
                 _fail(path, f"array {name!r}: unknown dtype {a['dtype']!r} in {file!r}: {exc}")
             shape = tuple(int(n) for n in a["shape"])
             parts = tuple(int(k) for k in a["grid"])
-            pieces = []
+            array = arrays[name] = Array(key, shape, dtype, parts, [], a.get("layout"))
+            names = {}
             for p in a["pieces"]:
                 box = _int_box(p["box"], len(shape), path, name)
-                geometry = Geometry(shape, parts, box, dtype.itemsize)
-                pieces.append(Piece(box, os.path.join(folder, p["file"]), int(p["offset"]),
-                                    geometry, p["crc32"]))
-            arrays[name] = Array(key, shape, dtype, parts, pieces, a.get("layout"))
+                file = names.get(p["file"])
+                if file is None:
+                    file = names[p["file"]] = os.path.join(folder, p["file"])
+                array.pieces.append(Piece(array, box, file, int(p["offset"]), int(p["crcs"])))
         for v in doc["values"]:
             values[name_of(v["path"])] = v["value"]
         files = {str(k): int(n) for k, n in doc["files"].items()}

@@ -50,23 +50,26 @@ class Segment:
     """One contiguous run of a file, and where its bytes go.
 
     ``rows`` ``(ra, rb)`` is the range of the first dim read from panel
-    ``panel`` of ``piece``; ``need`` the global box the target takes from it
-    (inside the read box ``((ra, rb),) + panel ranges``).  ``straight``:
-    read into the target's memory at byte ``at``.
+    ``panel`` of ``piece``; the target takes the part of the read box
+    (:attr:`read_box`) inside its own (:attr:`need`).  ``straight``: read
+    into the target's memory at byte ``at``.  Small: a plan holds many.
     """
 
-    __slots__ = ("file", "offset", "nbytes", "target", "piece", "panel", "ranges", "rows",
-                 "need", "straight", "at")
+    __slots__ = ("file", "offset", "nbytes", "target", "piece", "panel", "rows", "straight",
+                 "at")
 
-    def __init__(self, file, offset, nbytes, target, piece, panel, ranges, rows, need,
-                 straight, at):
+    def __init__(self, file, offset, nbytes, target, piece, panel, rows, straight, at):
         self.file, self.offset, self.nbytes = file, offset, nbytes
-        self.target, self.piece, self.panel, self.ranges = target, piece, panel, ranges
-        self.rows, self.need, self.straight, self.at = rows, need, straight, at
+        self.target, self.piece, self.panel, self.rows = target, piece, panel, rows
+        self.straight, self.at = straight, at
 
     @property
     def read_box(self):
-        return (self.rows,) + self.ranges
+        return (self.rows,) + self.piece.geometry.ranges(self.panel)
+
+    @property
+    def need(self):
+        return _clip(self.read_box, self.target.box)
 
     @property
     def needed_bytes(self):
@@ -92,7 +95,7 @@ def segments(target, pieces):
         if any(lo >= hi for lo, hi in over):
             continue
         a, b = over[0]
-        if piece.crcs is not None:
+        if piece.checked:
             ra, rb = cell_span(g.shape[0], g.parts[0], *g.box[0], a, b)
         else:
             ra, rb = a, b
@@ -112,7 +115,7 @@ def segments(target, pieces):
                 if contiguous_box(full, starts, shape):
                     straight, at = True, flat_offset(full, starts) * target.itemsize
             out.append(Segment(piece.file, piece.offset + offset, nbytes, target, piece,
-                               panel, tuple(ranges), (ra, rb), need, straight, at))
+                               panel, (ra, rb), straight, at))
             if piece.whole:
                 break
     return out
@@ -124,9 +127,9 @@ def split(segment, limit):
     if segment.straight or segment.nbytes <= limit or segment.piece.whole:
         return [segment]
     g, piece = segment.piece.geometry, segment.piece
-    row = g.row_bytes[segment.panel]
+    row = g.row_bytes(segment.panel)
     ra, rb = segment.rows
-    if piece.crcs is not None:
+    if piece.checked:
         i, j = g.slab_range(ra, rb)
         cuts = [g.slab_rows(s)[0] for s in range(i, j)] + [rb]
     else:
@@ -137,13 +140,11 @@ def split(segment, limit):
         if cuts is not None:            # back to a tile boundary, at least one tile
             fit = [c for c in cuts if start < c <= stop]
             stop = fit[-1] if fit else next(c for c in cuts if c > start)
-        a, b = segment.need[0]
-        need = ((max(a, start), min(b, stop)),) + segment.need[1:]
+        a, b = segment.target.box[0]
         offset, nbytes = g.run(segment.panel, start, stop)
-        if need[0][0] < need[0][1]:
+        if max(a, start) < min(b, stop):
             out.append(Segment(segment.file, piece.offset + offset, nbytes, segment.target,
-                               piece, segment.panel, segment.ranges, (start, stop), need,
-                               False, 0))
+                               piece, segment.panel, (start, stop), False, 0))
         start = stop
     return out
 

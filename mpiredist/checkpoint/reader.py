@@ -61,14 +61,14 @@ def read_exactly(fd, views, offset, file):
 def _check(seg, memory, failures, stats):
     """Verify the tiles of ``seg`` held in ``memory`` (bytes of the read box)."""
     piece = seg.piece
-    crcs = piece.crcs
-    if crcs is None:
+    if not piece.checked:
         return True
+    crcs = piece.crcs
     g = piece.geometry
-    row = g.row_bytes[seg.panel]
+    row = g.row_bytes(seg.panel)
     ra, rb = seg.rows
     i, j = g.slab_range(ra, rb)
-    base = seg.panel * g.slab_count
+    base = seg.panel * g.slab_count - piece.crc_first
     for s in range(i, j):
         a, b = g.slab_rows(s)
         if zlib.crc32(memory[(a - ra) * row:(b - ra) * row]) != int(crcs[base + s]):
@@ -98,6 +98,25 @@ def _copy(seg, memory):
     np.copyto(dst, src)
 
 
+def _load_crcs(fd, runs, file, stats):
+    """Read the checksums the runs of one file need: per piece, those of the
+    panels from the first to the last it reads (one contiguous range)."""
+    spans = {}
+    for s in runs:
+        if s.piece.checked:
+            lo, hi = spans.get(id(s.piece), (s.panel, s.panel))[:2]
+            spans[id(s.piece)] = (min(lo, s.panel), max(hi, s.panel), s.piece)
+    for lo, hi, piece in spans.values():
+        g = piece.geometry
+        first, last = lo * g.slab_count, (hi + 1) * g.slab_count
+        if piece.crcs is not None and piece.crc_first <= first and \
+                last <= piece.crc_first + len(piece.crcs):
+            continue
+        piece.crcs, piece.crc_first = np.empty(last - first, dtype="<u4"), first
+        view = memoryview(piece.crcs.view(np.uint8))
+        stats.read += read_exactly(fd, [view], piece.crc_at + 4 * first, file)
+
+
 def plan_all(items, buffer_bytes):
     """Every run of ``items`` (pairs of a Target and its pieces), cut to fit the
     buffer, grouped by file and sorted by offset."""
@@ -117,8 +136,8 @@ def fill(items, buffer_bytes, stats=None):
     stats = Stats() if stats is None else stats
     by_file = plan_all(items, buffer_bytes)
     largest = max((s.nbytes for runs in by_file.values() for s in runs if not s.straight),
-                  default=0)
-    buffer = np.empty(min(buffer_bytes, largest) if largest else 0, dtype=np.uint8)
+                  default=0)            # split() kept runs within the buffer, or one tile
+    buffer = np.empty(largest, dtype=np.uint8)
     view = memoryview(buffer)
     failures, failed = [], set()
     for file, runs in by_file.items():
@@ -128,6 +147,7 @@ def fill(items, buffer_bytes, stats=None):
             raise CheckpointError(f"cannot open {file!r} (array "
                                   f"{runs[0].target.name!r}): {exc.strerror}") from None
         try:
+            _load_crcs(fd, runs, file, stats)
             for batch in batches(runs, len(buffer)):
                 places, at = [], 0
                 for s in batch:

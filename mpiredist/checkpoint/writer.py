@@ -22,7 +22,7 @@ import numpy as np
 
 from ..core.blocks import contiguous_box
 from .grid import Geometry
-from .index import (INDEX, POINTER, FORMAT, VERSION, encode_crcs, fsync_dir, write_durably)
+from .index import INDEX, POINTER, FORMAT, VERSION, fsync_dir, write_durably
 
 __all__ = ["Box", "write_boxes", "publish", "file_name", "ALIGN", "remove_generation"]
 
@@ -106,11 +106,11 @@ def _write_box(out, item, buffer_bytes):
     crcs = []
     lo, hi = g.box[0]
     full = tuple(b - a for a, b in held)
-    for panel, ranges in enumerate(g.panels):
-        region = ((lo, hi),) + ranges
+    for panel in range(g.panels):
+        region = ((lo, hi),) + g.ranges(panel)
         index = tuple(slice(a - h, b - h) for (a, b), (h, _) in zip(region, held))
         src = block[index]
-        row = g.row_bytes[panel]
+        row = g.row_bytes(panel)
         starts = tuple(a - h for (a, _), (h, _) in zip(region, held))
         shape = tuple(b - a for a, b in region)
         if block.flags.c_contiguous and contiguous_box(full, starts, shape) and src.size:
@@ -134,15 +134,19 @@ def _write_box(out, item, buffer_bytes):
             np.copyto(part, src[a - lo:b - lo])
             _crcs(room, row, (a, b), g, 0, crcs)
             s = t
-    return offset, crcs
+    words = np.asarray(crcs, dtype="<u4")       # the checksums follow the box's bytes
+    at = out.at
+    room = out.room(words.nbytes)
+    room[:] = memoryview(words.view(np.uint8))
+    return offset, at
 
 
 def write_boxes(folder, rank, items, buffer_bytes):
     """Write ``items`` (:class:`Box`) to this rank's file in ``folder``.
 
     Returns ``(records, size, error)``: per item ``(key, box, file, offset,
-    crc32 text)``, the file's size, and None or the OSError (text) that
-    stopped it.  Nothing is written (no file made) when ``items`` is empty.
+    offset of its checksums)``, the file's size, and None or the OSError
+    (text) that stopped it.  Nothing is written (no file made) when ``items`` is empty.
     """
     items = [it for it in items if all(a < b for a, b in it.box) or not it.box]
     if not items:
@@ -157,9 +161,9 @@ def write_boxes(folder, rank, items, buffer_bytes):
             largest = max(_largest_tile(it) for it in items)
             out = _Out(fd, max(buffer_bytes, largest))
             for it in items:
-                offset, crcs = _write_box(out, it, len(out.buf))
-                records.append((list(it.key), [list(r) for r in it.box[:len(it.shape)]], name, offset,
-                                encode_crcs(crcs)))
+                offset, crc_at = _write_box(out, it, len(out.buf))
+                records.append((list(it.key), [list(r) for r in it.box[:len(it.shape)]], name,
+                                offset, crc_at))
             out.flush()
             os.fsync(fd)
             size = out.at
@@ -173,7 +177,8 @@ def write_boxes(folder, rank, items, buffer_bytes):
 def _largest_tile(item):
     g = Geometry(item.shape, item.grid, item.box, item.block.dtype.itemsize)
     rows = -(-g.shape[0] // g.parts[0])
-    return max(g.row_bytes, default=0) * rows
+    widest = max((g.row_bytes(p) for p in range(g.panels)), default=0)
+    return max(widest * rows, 4 * g.tiles)
 
 
 def publish(path, gen, doc):

@@ -330,28 +330,12 @@ def drive(args):
                 if args.only and args.only not in name:
                     continue
                 key = (sn, slay)
-                if key not in saves:
-                    runs = []
-                    for r in range(args.repeats):
-                        path = base / f"{system}-{sn}-{slay}-{r}"
-                        runs.append(_launch(sn, ["save", "--system", system, "--path",
-                                                 str(path), "--layout", slay], env))
-                        if r < args.repeats - 1:
-                            shutil.rmtree(path)
-                    saves[key] = (path, runs)
-                path, sruns = saves[key]
-                lruns = [_launch(ln, ["load", "--system", system, "--path", str(path),
-                                      "--layout", llay], env) for _ in range(args.repeats)]
-                row = {"system": system, "scenario": name,
-                       "save_s": statistics.median(r["save_s"] for r in sruns),
-                       "disk_MiB": sruns[-1]["disk_bytes"] / 2**20}
-                for k in ("load_s", "rss_t", "e_t", "rchar_t", "rchar_idx_t"):
-                    row[k] = statistics.median(r[k] for r in lruns)
-                row["e_MiB"] = statistics.median(r["e_bytes"] for r in lruns) / 2**20
-                row["T_MiB"] = lruns[0]["t_bytes"] / 2**20
-                row["ok"] = all(r["ok"] for r in lruns)
-                row["dropped"] = all(r["dropped"] for r in lruns)
-                row["meta_KiB"] = lruns[0]["meta_bytes"] / 1024
+                try:
+                    row = _scenario(system, name, key, sn, slay, ln, llay, saves, base, env,
+                                    args.repeats)
+                except RuntimeError as exc:
+                    print(f"{system} {name}: {exc}", file=sys.stderr, flush=True)
+                    continue
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             for path, _ in saves.values():
@@ -361,6 +345,34 @@ def drive(args):
     _table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+def _scenario(system, name, key, sn, slay, ln, llay, saves, base, env, repeats):
+    """One row: the save (``repeats`` fresh jobs, once per save layout) and the loads."""
+    if key not in saves:
+        runs = []
+        for r in range(repeats):
+            path = base / f"{system}-{sn}-{slay}-{r}"
+            runs.append(_launch(sn, ["save", "--system", system, "--path", str(path),
+                                     "--layout", slay], env))
+            if r < repeats - 1:
+                shutil.rmtree(path)
+        saves[key] = (path, runs)
+    path, sruns = saves[key]
+    lruns = [_launch(ln, ["load", "--system", system, "--path", str(path), "--layout", llay],
+                     env) for _ in range(repeats)]
+    row = {"system": system, "scenario": name,
+           "save_s": statistics.median(r["save_s"] for r in sruns),
+           "disk_MiB": sruns[-1]["disk_bytes"] / 2**20}
+    for k in ("load_s", "rss_t", "e_t", "rchar_t", "rchar_idx_t"):
+        row[k] = statistics.median(r[k] for r in lruns)
+    row["e_MiB"] = statistics.median(r["e_bytes"] for r in lruns) / 2**20
+    row["T_MiB"] = lruns[0]["t_bytes"] / 2**20
+    row["w_MiB"] = row["T_MiB"] / 4 + 1
+    row["ok"] = all(r["ok"] for r in lruns)
+    row["dropped"] = all(r["dropped"] for r in lruns)
+    row["meta_KiB"] = lruns[0]["meta_bytes"] / 1024
+    return row
 
 
 def _table(rows):

@@ -180,8 +180,9 @@ class Geometry:
             c, first = self.cells[d]
             a = max(lo // c - first, 0)
             b = min(-(-hi // c) - first, self.counts[d])
-            out = [(k * self.counts[d] + i, r + (self._cell(d, i),))
-                   for k, r in out for i in range(a, b)]
+            cells = [(i, self._cell(d, i)) for i in range(a, b)]
+            cells = [(i, cell) for i, cell in cells if cell[0] < hi and lo < cell[1]]
+            out = [(k * self.counts[d] + i, r + (cell,)) for k, r in out for i, cell in cells]
         return out
 
     def run(self, panel, a, b):

@@ -94,6 +94,16 @@ def test_dtensors_round_trip_in_place(where, dtype):
 
 
 @pytest.mark.mpi(min_size=1)
+def test_torch_tensors_replicated_bf16(where):
+    t = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4) / 3
+    path = os.path.join(where, "ck")
+    mr.save(path, {"t": t})
+    back = torch.zeros(3, 4, dtype=torch.bfloat16)
+    out = mr.load(path, {"t": back})
+    all_ok(COMM, out["t"] is back and torch.equal(back, t), "torch bf16 tensor round trip")
+
+
+@pytest.mark.mpi(min_size=1)
 def test_loads_a_dcp_checkpoint_by_range(where):
     torch.manual_seed(1)
     mesh = _meshes()[-1]

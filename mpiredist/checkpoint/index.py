@@ -47,17 +47,17 @@ class Piece:
     ``crc_at`` is the file offset of the box's CRC-32 values (little-endian
     uint32, one per tile, panel-major: :class:`~mpiredist.checkpoint.grid.Geometry`),
     or None for storage without checksums (DCP); the reader loads the ones
-    it needs into ``crcs`` (those from tile ``crc_first`` on).  ``whole`` is set where the bytes can only be
+    it needs into ``crcs`` (per panel: the first slab read and the values).  ``whole`` is set where the bytes can only be
     read in one piece (a DCP storage that is not in C order, of element
     ``strides``).  The geometry is made on first use.
     """
 
-    __slots__ = ("array", "box", "file", "offset", "crc_at", "crcs", "crc_first", "whole",
-                 "strides", "_geometry")
+    __slots__ = ("array", "box", "file", "offset", "crc_at", "crcs", "whole", "strides",
+                 "_geometry")
 
     def __init__(self, array, box, file, offset, crc_at=None):
         self.array, self.box, self.file, self.offset = array, box, file, offset
-        self.crc_at, self.crcs, self.crc_first = crc_at, None, 0
+        self.crc_at, self.crcs = crc_at, None
         self.whole, self.strides = False, None
         self._geometry = None
 

@@ -68,10 +68,10 @@ def _check(seg, memory, failures, stats):
     row = g.row_bytes(seg.panel)
     ra, rb = seg.rows
     i, j = g.slab_range(ra, rb)
-    base = seg.panel * g.slab_count - piece.crc_first
+    first, words = crcs[seg.panel]
     for s in range(i, j):
         a, b = g.slab_rows(s)
-        if zlib.crc32(memory[(a - ra) * row:(b - ra) * row]) != int(crcs[base + s]):
+        if zlib.crc32(memory[(a - ra) * row:(b - ra) * row]) != int(words[s - first]):
             failures.append((seg.target.name, seg.file,
                              f"checksum mismatch in the tile of rows {a}:{b} of panel "
                              f"{seg.panel} of the box {list(piece.box)} at byte "
@@ -99,22 +99,41 @@ def _copy(seg, memory):
 
 
 def _load_crcs(fd, runs, file, stats):
-    """Read the checksums the runs of one file need: per piece, those of the
-    panels from the first to the last it reads (one contiguous range)."""
-    spans = {}
+    """Read the checksums the runs of one file need into ``piece.crcs`` (panel ->
+    ``(first slab, values)``): per piece one read from its first to its last
+    panel, or one read per panel of just the tiles it needs where that span
+    would be more than twice those (a row band of a piece with many panels)."""
+    need = {}
     for s in runs:
         if s.piece.checked:
-            lo, hi = spans.get(id(s.piece), (s.panel, s.panel))[:2]
-            spans[id(s.piece)] = (min(lo, s.panel), max(hi, s.panel), s.piece)
-    for lo, hi, piece in spans.values():
+            g = s.piece.geometry
+            i, j = g.slab_range(*s.rows)
+            panels = need.setdefault(id(s.piece), (s.piece, {}))[1]
+            lo, hi = panels.get(s.panel, (i, j))
+            panels[s.panel] = (min(lo, i), max(hi, j))
+    for piece, panels in need.values():
         g = piece.geometry
-        first, last = lo * g.slab_count, (hi + 1) * g.slab_count
-        if piece.crcs is not None and piece.crc_first <= first and \
-                last <= piece.crc_first + len(piece.crcs):
+        have = piece.crcs if piece.crcs is not None else {}
+        panels = {p: r for p, r in panels.items()
+                  if p not in have or have[p][0] > r[0] or have[p][0] + len(have[p][1]) < r[1]}
+        if not panels:
             continue
-        piece.crcs, piece.crc_first = np.empty(last - first, dtype="<u4"), first
-        view = memoryview(piece.crcs.view(np.uint8))
-        stats.read += read_exactly(fd, [view], piece.crc_at + 4 * first, file)
+        lo, hi = min(panels), max(panels)
+        span = (hi - lo + 1) * g.slab_count
+        wanted = sum(j - i for i, j in panels.values())
+        if span <= 2 * wanted + 1024:
+            words = np.empty(span, dtype="<u4")
+            stats.read += read_exactly(fd, [memoryview(words.view(np.uint8))],
+                                       piece.crc_at + 4 * lo * g.slab_count, file)
+            for p in range(lo, hi + 1):
+                have[p] = (0, words[(p - lo) * g.slab_count:(p - lo + 1) * g.slab_count])
+        else:
+            for p, (i, j) in panels.items():
+                words = np.empty(j - i, dtype="<u4")
+                stats.read += read_exactly(fd, [memoryview(words.view(np.uint8))],
+                                           piece.crc_at + 4 * (p * g.slab_count + i), file)
+                have[p] = (i, words)
+        piece.crcs = have
 
 
 def plan_all(items, buffer_bytes):

@@ -99,8 +99,8 @@ def cell_span(n, parts, lo, hi, a, b):
 class Geometry:
     """Where the bytes of one saved box lie, relative to the box's offset.
 
-    Computed from the grid on demand (a few hundred bytes per box, whatever
-    its number of panels and tiles).
+    Computed from the grid on demand, and kept for the panels asked about (a
+    few hundred bytes per box and panel read, whatever its number of tiles).
 
     Parameters
     ----------
@@ -115,7 +115,7 @@ class Geometry:
     """
 
     __slots__ = ("shape", "parts", "box", "itemsize", "cells", "counts", "widths", "panels",
-                 "first_slab", "slab_count", "nbytes")
+                 "first_slab", "slab_count", "nbytes", "_known")
 
     def __init__(self, shape, parts, box, itemsize):
         self.shape, self.itemsize = _shape(shape), itemsize
@@ -135,6 +135,21 @@ class Geometry:
         lo, hi = self.box[0]
         self.first_slab = lo // c
         self.slab_count = (-(-hi // c) - self.first_slab) if hi > lo else 0
+        self._known = {}        # panel -> (ranges, row bytes, offset), as asked for
+
+    def _panel(self, panel):
+        found = self._known.get(panel)
+        if found is None:
+            digits = self._digits(panel)
+            cells = [self._cell(d, i) for d, i in enumerate(digits)]
+            elems = 0
+            for d, (a, _) in enumerate(cells):
+                inner = math.prod(hi - lo for lo, hi in cells[:d])
+                elems += (a - self.box[d + 1][0]) * inner * math.prod(self.widths[d + 1:])
+            row = self.itemsize * math.prod(b - a for a, b in cells)
+            found = self._known[panel] = (tuple(cells), row, elems * (
+                self.box[0][1] - self.box[0][0]) * self.itemsize)
+        return found
 
     @property
     def tiles(self):
@@ -156,21 +171,15 @@ class Geometry:
 
     def ranges(self, panel):
         """The ranges of ``panel`` in the dims after the first."""
-        return tuple(self._cell(d, i) for d, i in enumerate(self._digits(panel)))
+        return self._panel(panel)[0]
 
     def row_bytes(self, panel):
         """Bytes of one row of ``panel``."""
-        return self.itemsize * math.prod(b - a for a, b in self.ranges(panel))
+        return self._panel(panel)[1]
 
     def panel_offset(self, panel):
         """Bytes before ``panel``: C order over the panels, each holding every row."""
-        digits = self._digits(panel)
-        cells = [self._cell(d, i) for d, i in enumerate(digits)]
-        elems = 0
-        for d, (a, _) in enumerate(cells):
-            inner = math.prod(hi - lo for lo, hi in cells[:d])
-            elems += (a - self.box[d + 1][0]) * inner * math.prod(self.widths[d + 1:])
-        return elems * (self.box[0][1] - self.box[0][0]) * self.itemsize
+        return self._panel(panel)[2]
 
     def panels_in(self, ranges):
         """``(index, ranges)`` of the panels that overlap ``ranges`` (per dim after
@@ -187,8 +196,8 @@ class Geometry:
 
     def run(self, panel, a, b):
         """``(offset, nbytes)`` of rows ``[a, b)`` of ``panel`` (global rows)."""
-        rb = self.row_bytes(panel)
-        return self.panel_offset(panel) + (a - self.box[0][0]) * rb, (b - a) * rb
+        _, rb, at = self._panel(panel)
+        return at + (a - self.box[0][0]) * rb, (b - a) * rb
 
     def slab_range(self, a, b):
         """Indices ``[i, j)`` of the slabs that cover rows ``[a, b)``."""

@@ -129,18 +129,12 @@ def split(segment, limit):
     g, piece = segment.piece.geometry, segment.piece
     row = g.row_bytes(segment.panel)
     ra, rb = segment.rows
-    if piece.checked:
-        i, j = g.slab_range(ra, rb)
-        cuts = [g.slab_rows(s)[0] for s in range(i, j)] + [rb]
-    else:
-        cuts = None
+    c = max(1, -(-g.shape[0] // g.parts[0])) if piece.checked else 1
+    step = max(c, (limit // max(row, 1)) // c * c)
+    a, b = segment.target.box[0]
     out, start = [], ra
     while start < rb:
-        stop = min(rb, start + max(1, limit // row))
-        if cuts is not None:            # back to a tile boundary, at least one tile
-            fit = [c for c in cuts if start < c <= stop]
-            stop = fit[-1] if fit else next(c for c in cuts if c > start)
-        a, b = segment.target.box[0]
+        stop = min(rb, (start + step) // c * c)
         offset, nbytes = g.run(segment.panel, start, stop)
         if max(a, start) < min(b, stop):
             out.append(Segment(segment.file, piece.offset + offset, nbytes, segment.target,

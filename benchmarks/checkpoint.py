@@ -236,12 +236,13 @@ def job_load(args, comm):
         _gloo(comm)
         import torch.distributed.checkpoint as dcp
         state = _dtensors(comm, args.layout, blocks)             # targets allocated before
-    elif system == "mpiredist":
+    elif system in ("mpiredist", "mpiredist-dcp"):
         mesh = mr.Mesh({"x": comm.size})
         targets = {name: (mesh, "[" + ", ".join("{x}" if d == dim else "{}"
                                                 for d in range(len(shape))) + "]")
                    for name, (t, shape, dim, box, _) in blocks.items()}
-        index = os.path.join(args.path, "gen-000001", "index.json")
+        index = os.path.join(args.path, "gen-000001", "index.json") \
+            if system == "mpiredist" else os.path.join(args.path, ".metadata")
     else:
         from mpiredist.arrays.hdf5 import read_block
         mesh = mr.Mesh({"x": comm.size})
@@ -257,7 +258,7 @@ def job_load(args, comm):
         if system == "dcp":
             dcp.load(state, checkpoint_id=args.path)
             got = {k: v.to_local().numpy() for k, v in state.items()}
-        elif system == "mpiredist":
+        elif system in ("mpiredist", "mpiredist-dcp"):
             out = mr.load(args.path, targets)
             got = {k: v.local for k, v in out.items()}
         else:
@@ -273,7 +274,7 @@ def job_load(args, comm):
     growth = e.bytes or 0
     transient = growth if system == "dcp" else growth - t_bytes
     meta = 0
-    if system == "mpiredist":
+    if system in ("mpiredist", "mpiredist-dcp"):
         meta = os.path.getsize(index)
     elif system == "dcp":
         meta = os.path.getsize(os.path.join(args.path, ".metadata"))
@@ -331,13 +332,15 @@ def drive(args):
                     continue
                 key = (sn, slay)
                 try:
+                    extra = [] if args.mpiredist_on_dcp else None
                     row = _scenario(system, name, key, sn, slay, ln, llay, saves, base, env,
-                                    args.repeats)
+                                    args.repeats, extra)
                 except RuntimeError as exc:
                     print(f"{system} {name}: {exc}", file=sys.stderr, flush=True)
                     continue
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                for r in [row] + (extra or []):
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
             for path, _ in saves.values():
                 shutil.rmtree(path, ignore_errors=True)
     finally:
@@ -347,7 +350,7 @@ def drive(args):
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
-def _scenario(system, name, key, sn, slay, ln, llay, saves, base, env, repeats):
+def _scenario(system, name, key, sn, slay, ln, llay, saves, base, env, repeats, also=None):
     """One row: the save (``repeats`` fresh jobs, once per save layout) and the loads."""
     if key not in saves:
         runs = []
@@ -361,6 +364,16 @@ def _scenario(system, name, key, sn, slay, ln, llay, saves, base, env, repeats):
     path, sruns = saves[key]
     lruns = [_launch(ln, ["load", "--system", system, "--path", str(path), "--layout", llay],
                      env) for _ in range(repeats)]
+    row = _row(system, name, sruns, lruns)
+    if system == "dcp" and also is not None:    # mr.load reading DCP's files by range
+        mruns = [_launch(ln, ["load", "--system", "mpiredist-dcp", "--path", str(path),
+                              "--layout", llay], env) for _ in range(repeats)]
+        also.append(_row("mpiredist-dcp", name, sruns, mruns))
+    return row
+
+
+def _row(system, name, sruns, lruns):
+    """The table's row: medians over the jobs."""
     row = {"system": system, "scenario": name,
            "save_s": statistics.median(r["save_s"] for r in sruns),
            "disk_MiB": sruns[-1]["disk_bytes"] / 2**20}
@@ -393,7 +406,7 @@ def _table(rows):
 def _parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("role", choices=["save", "load", "drive"])
-    p.add_argument("--system", choices=["mpiredist", "dcp", "hdf5"], default="mpiredist")
+    p.add_argument("--system", choices=["mpiredist", "dcp", "hdf5", "mpiredist-dcp"], default="mpiredist")
     p.add_argument("--path")
     p.add_argument("--layout", choices=["shard0", "shard1", "full"], default="shard0")
     p.add_argument("--json")
@@ -401,6 +414,8 @@ def _parser():
     p.add_argument("--systems", default="mpiredist,dcp,hdf5")
     p.add_argument("--only", help="run the scenarios whose name contains this")
     p.add_argument("--dir", help="where the checkpoints go (default: the temp dir)")
+    p.add_argument("--mpiredist-on-dcp", action="store_true",
+                   help="also load DCP's checkpoints with mr.load (row mpiredist-dcp)")
     return p
 
 

@@ -144,7 +144,7 @@ def read_metadata(path):
         _fail(path, f"cannot read {file!r}: {type(exc).__name__}: {exc}")
     try:
         items = md.state_dict_metadata
-        storage = {(_fqn(k), _offsets(k)): v for k, v in md.storage_data.items()}
+        storage = {(_fqn(k), _offsets(k)): _Where(v) for k, v in md.storage_data.items()}
     except AttributeError as exc:
         _fail(path, f"{file!r} is not DCP metadata: {exc}")
     arrays, values = {}, {}
@@ -169,6 +169,19 @@ def read_metadata(path):
             box = tuple((o, o + s) for o, s in zip(offsets, sizes))
             array.pieces.append(_LazyPiece(array, path, name, box, info))
     return Index(path, "dcp", arrays, values)
+
+
+class _Where:
+    """Where DCP stored one item: file, offset, length, extensions (kept small:
+    a load keeps one per chunk, not DCP's records)."""
+
+    __slots__ = ("relative_path", "offset", "length", "transform_descriptors")
+
+    def __init__(self, info):
+        self.relative_path, self.offset = str(info.relative_path), int(info.offset)
+        self.length = int(info.length)
+        found = getattr(info, "transform_descriptors", None)
+        self.transform_descriptors = tuple(found) if found else None
 
 
 def _fqn(key):
@@ -255,7 +268,7 @@ def locate(piece):
     """Find where the storage of a DCP chunk lies; sets the piece's offset (or
     marks it to be read whole)."""
     info, file, where = piece.info, piece.file, piece.where
-    if getattr(info, "transform_descriptors", None):
+    if info.transform_descriptors:
         _fail(where, f"tensor {piece.name!r}: its chunk in {file!r} was written through "
                      f"DCP extensions {list(info.transform_descriptors)}; mpiredist reads "
                      "plain torch.save chunks")

@@ -1,4 +1,4 @@
-"""The tile grid of a saved array, and where each tile's bytes lie (pure).
+"""The tile grid of a saved array, where each tile's bytes lie, and their checksums.
 
 Every saved array has a *grid*: a power of two of parts per dim, cut by the
 block rule (part ``i`` of ``k`` on a dim of length ``n`` is ``[i c, min((i +
@@ -21,6 +21,7 @@ A 0-d array is stored as one element (the geometry of shape ``(1,)``).
 """
 
 import math
+import zlib
 
 from ..core.blocks import interval
 
@@ -203,6 +204,25 @@ class Geometry:
         """Indices ``[i, j)`` of the slabs that cover rows ``[a, b)``."""
         c = max(1, -(-self.shape[0] // self.parts[0]))
         return a // c - self.first_slab, -(-b // c) - self.first_slab
+
+    @property
+    def slab(self):
+        """Rows of a slab of the first dim's grid (the first and last of a box may
+        be shorter)."""
+        return max(1, -(-self.shape[0] // self.parts[0]))
+
+    def tile_edges(self, a, b):
+        """The rows where tiles start in ``[a, b)``, and ``b``: ``[a, ..., b]``
+        (``a`` and ``b`` on tile boundaries or the box's edges)."""
+        c = self.slab
+        return [a] + list(range((a // c + 1) * c, b, c)) + [b]
+
+    def crcs_of(self, memory, row, a, b):
+        """CRC-32 of each tile of rows ``[a, b)`` held in ``memory`` (``row`` bytes
+        a row)."""
+        crc = zlib.crc32
+        offsets = [(e - a) * row for e in self.tile_edges(a, b)]
+        return [crc(memory[x:y]) for x, y in zip(offsets, offsets[1:])]
 
     def slab_rows(self, s):
         """Rows ``(start, stop)`` of slab ``s`` (counted from the box's first), clipped

@@ -16,7 +16,6 @@ agree on.
 
 import os
 import shutil
-import zlib
 
 import numpy as np
 
@@ -87,15 +86,6 @@ class _Out:
         return out
 
 
-def _crcs(memory, row, rows, g, first, out):
-    """CRC-32 of each tile of rows ``rows`` (global) held in ``memory``."""
-    ra, rb = rows
-    i, j = g.slab_range(ra, rb)
-    for s in range(i, j):
-        a, b = g.slab_rows(s)
-        out.append(zlib.crc32(memory[(a - ra) * row:(b - ra) * row]))
-
-
 def _write_box(out, item, buffer_bytes):
     """Write one box; returns its offset and CRCs (panel-major)."""
     block, held = item.block, item.held
@@ -115,25 +105,20 @@ def _write_box(out, item, buffer_bytes):
         shape = tuple(b - a for a, b in region)
         if block.flags.c_contiguous and contiguous_box(full, starts, shape) and src.size:
             memory = memoryview(src.reshape(-1).view(np.uint8))
-            _crcs(memory, row, (lo, hi), g, 0, crcs)
+            crcs += g.crcs_of(memory, row, lo, hi)
             out.straight(memory)
             continue
         # through the buffer, in parts of whole tiles
-        i, j = g.slab_range(lo, hi)
-        s = i
-        per = max(1, buffer_bytes // max(row, 1))
-        while s < j:
-            a = g.slab_rows(s)[0]
-            t = s
-            while t < j and g.slab_rows(t)[1] - a <= per:
-                t += 1
-            t = max(t, s + 1)
-            b = g.slab_rows(t - 1)[1]
+        c = g.slab
+        step = max(c, (buffer_bytes // max(row, 1)) // c * c)
+        a = lo
+        while a < hi:
+            b = min(hi, (a + step) // c * c)
             room = out.room((b - a) * row)
             part = np.frombuffer(room, dtype=block.dtype).reshape((b - a,) + shape[1:])
             np.copyto(part, src[a - lo:b - lo])
-            _crcs(room, row, (a, b), g, 0, crcs)
-            s = t
+            crcs += g.crcs_of(room, row, a, b)
+            a = b
     words = np.asarray(crcs, dtype="<u4")       # the checksums follow the box's bytes
     at = out.at
     room = out.room(words.nbytes)

@@ -174,7 +174,7 @@ def entry(key, leaf, rank, comm_size, target=False):
         e.describe = f"{layout} on {mesh}"
     elif isinstance(leaf, (np.ndarray, np.generic)) or _is_tensor(leaf):
         e.kind = "array"
-        e.block = _native(leaf, name)
+        e.block = _native(leaf.detach() if _is_tensor(leaf) else leaf, name)
         if isinstance(e.block, np.generic):
             e.block = np.asarray(e.block)
         e.shape, e.dtype = tuple(e.block.shape), e.block.dtype

@@ -93,14 +93,28 @@ def test_dtensors_round_trip_in_place(where, dtype):
                "DTensor save -> DistArray load")
 
 
+@pytest.mark.mpi(min_size=2)
+def test_partial_dtensor_reduced_before_saving(where):
+    from torch.distributed.tensor import DTensor, Partial
+    mesh = DeviceMesh("cpu", torch.arange(P), mesh_dim_names=("x",))
+    part = torch.arange(20, dtype=torch.float32).reshape(4, 5) * (RANK + 1)
+    x = DTensor.from_local(part, mesh, [Partial()], run_check=False)
+    path = os.path.join(where, "ck")
+    mr.save(path, {"p": x})
+    back = mr.load(path, {"p": torch.zeros(4, 5)})["p"]
+    want = torch.arange(20, dtype=torch.float32).reshape(4, 5) * (P * (P + 1) // 2)
+    all_ok(COMM, torch.equal(back, want), "Partial DTensor saved as its sum")
+
+
 @pytest.mark.mpi(min_size=1)
 def test_torch_tensors_replicated_bf16(where):
     t = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4) / 3
     path = os.path.join(where, "ck")
     mr.save(path, {"t": t})
-    back = torch.zeros(3, 4, dtype=torch.bfloat16)
+    back = torch.zeros(3, 4, dtype=torch.bfloat16, requires_grad=True)
     out = mr.load(path, {"t": back})
-    all_ok(COMM, out["t"] is back and torch.equal(back, t), "torch bf16 tensor round trip")
+    all_ok(COMM, out["t"] is back and torch.equal(back.detach(), t),
+           "torch bf16 tensor round trip, into a tensor that requires grad")
 
 
 @pytest.mark.mpi(min_size=1)

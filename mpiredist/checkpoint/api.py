@@ -307,7 +307,7 @@ def load(path, targets, *, workspace_bytes=None):
         _names(entries, what)
         _check_comms(entries, comm)
         plans = [_plan_entry(e, index, what, rank) for e in entries]
-        _check_files(plans, index)
+        _check_files(entries, plans, index)
         same = {"path": where, "generation": index.generation,
                 "targets": [e.signature() for e in entries]}
         return (index, entries, plans), same
@@ -380,24 +380,24 @@ def _plan_entry(e, index, what, rank):
     return prepared(a, e.held)
 
 
-def _check_files(plans, index):
+def _check_files(entries, plans, index):
     """CheckpointError where a file this rank reads is shorter than its pieces."""
     sizes = {}
-    for pieces in plans:
+    for e, pieces in zip(entries, plans):
         for p in pieces or ():
             if p.file not in sizes:
                 try:
                     sizes[p.file] = os.stat(p.file).st_size
                 except OSError as exc:
                     raise CheckpointError(f"checkpoint {index.where!r}: cannot read {p.file!r} "
-                                          f"({exc.strerror})") from None
+                                          f"of {e.name!r} ({exc.strerror})") from None
             end = p.offset + (p.geometry.nbytes if not p.whole else 0)
             if p.checked:
                 end = max(end, p.crc_at + 4 * p.geometry.tiles)
             if sizes[p.file] < end:
                 raise CheckpointError(f"checkpoint {index.where!r}: file {p.file!r} is "
-                                      f"truncated: {sizes[p.file]} bytes, but box "
-                                      f"{list(p.box)} lies up to byte {end}")
+                                      f"truncated: {sizes[p.file]} bytes, but the box "
+                                      f"{list(p.box)} of {e.name!r} lies up to byte {end}")
 
 
 def _result(e, index, w):

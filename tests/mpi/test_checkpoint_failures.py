@@ -131,7 +131,7 @@ def test_truncated_file_raises_before_reading(where):
     victim = os.path.join(path, "gen-000001", files[-1])
     edit_on_rank0(lambda: os.truncate(victim, os.path.getsize(victim) - 10))
     t = fresh_target(W.shape)
-    ok, text = raises_everywhere(lambda: mr.load(path, {"w": t}), victim, "truncated")
+    ok, text = raises_everywhere(lambda: mr.load(path, {"w": t}), victim, "truncated", "'w'")
     all_ok(COMM, ok and untouched(t), f"truncated: {text}")
 
 

@@ -31,7 +31,7 @@ __all__ = ["grid", "cells", "cell_span", "Geometry", "PANEL_PARTS", "PANEL_ROW",
 PANEL_PARTS = 16        # most parts of a dim after the first
 PANEL_ROW = 128         # least bytes of a panel's row (narrower copies get slow)
 PANELS = 256            # most panels of an array
-TILE = 1024             # least bytes of a tile, where the first dim allows
+TILE = 2048             # least bytes of a tile, where the first dim allows
 TILE_MAX = 1 << 20      # a panel's row is split further until a tile fits this
 SLABS = 1 << 16         # most parts of the first dim
 

@@ -3,9 +3,10 @@
 :func:`fill` takes the targets and their pieces, plans the runs
 (:mod:`mpiredist.checkpoint.plan`), and for each file in turn issues its
 reads in file order: adjacent runs go in one ``os.preadv`` whose buffers
-are the targets' own memory (runs contiguous there) and slices of one read
-buffer (the others), at most ``buffer_bytes`` of it.  Then every tile read
-is checked against its CRC-32 and the buffered runs are copied into place.
+are the targets' own memory (runs contiguous there) and slices of a read
+buffer (the others), two of at most half of ``buffer_bytes``: a helper
+thread reads the next batch while this one checks every tile of the last
+against its CRC-32 and copies the buffered runs into place.
 
 A tile whose checksum does not match is reported, not raised: the caller
 (a collective load) must first let every rank finish, then raise together.
@@ -15,6 +16,7 @@ values).  Either way the target is *failed*: the load names it.
 """
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -152,44 +154,63 @@ def plan_all(items, buffer_bytes):
 
 def fill(items, buffer_bytes, stats=None):
     """Fill every target of ``items`` from its pieces; the list of failures
-    ``(name, file, what)`` (checksum mismatches; I/O errors raise)."""
+    ``(name, file, what)`` (checksum mismatches; I/O errors raise).
+
+    Reads run one batch ahead in a helper thread (``os.preadv`` releases the
+    GIL) while this thread verifies and copies the batch before, in two
+    buffers of at most half of ``buffer_bytes`` each.
+    """
     stats = Stats() if stats is None else stats
-    by_file = plan_all(items, buffer_bytes)
+    half = max(1, buffer_bytes // 2)
+    by_file = plan_all(items, half)
     largest = max((s.nbytes for runs in by_file.values() for s in runs if not s.straight),
-                  default=0)            # split() kept runs within the buffer, or one tile
-    buffer = np.empty(largest, dtype=np.uint8)
-    view = memoryview(buffer)
-    failures, failed = [], set()
-    for file, runs in by_file.items():
-        try:
-            fd = os.open(file, os.O_RDONLY)
-        except OSError as exc:
-            raise CheckpointError(f"cannot open {file!r} (array "
-                                  f"{runs[0].target.name!r}): {exc.strerror}") from None
-        try:
-            _load_crcs(fd, runs, file, stats)
-            for batch in batches(runs, len(buffer)):
-                places, at = [], 0
-                for s in batch:
-                    if s.straight:
-                        places.append(s.target.bytes_view()[s.at:s.at + s.nbytes].data)
-                    else:
-                        places.append(view[at:at + s.nbytes])
-                        at += s.nbytes
-                try:
-                    stats.read += read_exactly(fd, places, batch[0].offset, file)
-                except CheckpointError as exc:
-                    raise CheckpointError(f"array {batch[0].target.name!r}: {exc}") from None
+                  default=0)            # split() kept runs within half, or one tile
+    views = [memoryview(np.empty(largest, dtype=np.uint8)) for _ in range(2)]
+    failures = []
+    fds = {}
+    try:
+        for file, runs in by_file.items():
+            try:
+                fds[file] = os.open(file, os.O_RDONLY)
+            except OSError as exc:
+                raise CheckpointError(f"cannot open {file!r} (array "
+                                      f"{runs[0].target.name!r}): {exc.strerror}") from None
+            _load_crcs(fds[file], runs, file, stats)
+        work = [(file, batch) for file, runs in by_file.items()
+                for batch in batches(runs, largest)]
+        with ThreadPoolExecutor(1) as pool:
+            ahead = pool.submit(_read_batch, fds, work[0], views[0]) if work else None
+            for k, (file, batch) in enumerate(work):
+                places, nbytes = ahead.result()
+                stats.read += nbytes
                 stats.calls += 1
-                for s, memory in zip(batch, places):
-                    stats.needed += s.needed_bytes
-                    if not _check(s, memory, failures, stats):
-                        failed.add(s.target.name)
+                if k + 1 < len(work):
+                    ahead = pool.submit(_read_batch, fds, work[k + 1], views[(k + 1) % 2])
+                for seg, memory in zip(batch, places):
+                    stats.needed += seg.needed_bytes
+                    if not _check(seg, memory, failures, stats):
                         continue
-                    if s.straight:
+                    if seg.straight:
                         stats.straight += 1
                     else:
-                        _copy(s, memory)
-        finally:
+                        _copy(seg, memory)
+    finally:
+        for fd in fds.values():
             os.close(fd)
     return failures
+
+
+def _read_batch(fds, work, view):
+    """One batch's ``preadv``: the places its runs landed, and the bytes read."""
+    file, batch = work
+    places, at = [], 0
+    for s in batch:
+        if s.straight:
+            places.append(s.target.bytes_view()[s.at:s.at + s.nbytes].data)
+        else:
+            places.append(view[at:at + s.nbytes])
+            at += s.nbytes
+    try:
+        return places, read_exactly(fds[file], places, batch[0].offset, file)
+    except CheckpointError as exc:
+        raise CheckpointError(f"array {batch[0].target.name!r}: {exc}") from None

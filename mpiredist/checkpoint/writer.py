@@ -4,8 +4,9 @@ Each rank writes the boxes given to it (:mod:`mpiredist.checkpoint.entries`
 decides which) into its own file of the new generation directory, in the
 panel order of :class:`~mpiredist.checkpoint.grid.Geometry`: a panel whose
 rows are one contiguous run of the rank's block is written straight from
-it, the others are packed into a buffer of at most ``buffer_bytes``; every
-tile's CRC-32 is computed from the bytes written.  The file is fsynced
+it, the others are packed into one of two buffers of half of
+``buffer_bytes`` while a helper thread writes the other; every tile's
+CRC-32 is computed from the bytes written.  The file is fsynced
 before the rank reports.
 
 Rank 0 then writes the index and replaces the pointer (:func:`publish`),
@@ -15,6 +16,7 @@ agree on.
 """
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 import shutil
 
 import numpy as np
@@ -45,13 +47,18 @@ class Box:
 
 
 class _Out:
-    """A file written in order through one buffer."""
+    """A file written in order through two buffers: a helper thread writes one
+    (``os.pwrite`` releases the GIL) while the caller fills the other."""
 
-    def __init__(self, fd, size):
-        self.fd, self.at = fd, 0
-        self.buf = np.empty(size, dtype=np.uint8)
-        self.view = memoryview(self.buf)
-        self.used = 0
+    def __init__(self, fd, size, pool):
+        self.fd, self.at, self.pool = fd, 0, pool
+        self.views = [memoryview(np.empty(size, dtype=np.uint8)) for _ in range(2)]
+        self.pending = [None, None]     # the write of each buffer in flight
+        self.current, self.used = 0, 0
+
+    @property
+    def size(self):
+        return len(self.views[0])
 
     def _write(self, data, offset):
         view = memoryview(data).cast("B")
@@ -61,26 +68,46 @@ class _Out:
                 raise OSError(f"pwrite wrote {n} bytes")
             view, offset = view[n:], offset + n
 
+    def _submit(self, data, offset):
+        return self.pool.submit(self._write, data, offset)
+
     def flush(self):
+        """Hand the current buffer to the writer and take the other (once free)."""
         if self.used:
-            self._write(self.view[:self.used], self.at - self.used)
+            k = self.current
+            self.pending[k] = self._submit(self.views[k][:self.used], self.at - self.used)
+            self.current = 1 - k
             self.used = 0
+            if self.pending[self.current] is not None:
+                self.pending[self.current].result()
+                self.pending[self.current] = None
+
+    def finish(self):
+        """Every write done (raises the first write's error)."""
+        self.flush()
+        for k, job in enumerate(self.pending):
+            if job is not None:
+                self.pending[k] = None
+                job.result()
 
     def skip_to(self, offset):
         """Leave a gap up to ``offset`` (alignment)."""
-        self.flush()
-        self.at = offset
+        if offset != self.at:
+            self.flush()
+            self.at = offset
 
     def straight(self, memory):
+        """Write ``memory`` (the caller's, left alone until :meth:`finish`)."""
         self.flush()
         self._write(memory, self.at)
         self.at += len(memory)
 
     def room(self, nbytes):
         """A buffer slice of ``nbytes`` to fill (flushing first when full)."""
-        if self.used + nbytes > len(self.buf):
+        if self.used + nbytes > self.size:
             self.flush()
-        out = self.view[self.used:self.used + nbytes]
+        view = self.views[self.current]
+        out = view[self.used:self.used + nbytes]
         self.used += nbytes
         self.at += nbytes
         return out
@@ -144,12 +171,15 @@ def write_boxes(folder, rank, items, buffer_bytes):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             largest = max(_largest_tile(it) for it in items)
-            out = _Out(fd, max(buffer_bytes, largest))
-            for it in items:
-                offset, crc_at = _write_box(out, it, len(out.buf))
-                records.append((list(it.key), [list(r) for r in it.box[:len(it.shape)]], name,
-                                offset, crc_at))
-            out.flush()
+            with ThreadPoolExecutor(1) as pool:
+                out = _Out(fd, max(buffer_bytes // 2, largest), pool)
+                try:
+                    for it in items:
+                        offset, crc_at = _write_box(out, it, out.size)
+                        records.append((list(it.key), [list(r) for r in it.box[:len(it.shape)]],
+                                        name, offset, crc_at))
+                finally:
+                    out.finish()
             os.fsync(fd)
             size = out.at
         finally:

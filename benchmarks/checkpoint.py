@@ -21,6 +21,7 @@ writable), and prints one table of medians::
 
     python benchmarks/checkpoint.py drive --repeats 3 [--systems mpiredist,dcp,hdf5]
 
+The driver interleaves the systems (repeat 1 of each, then repeat 2, ...).
 Figures per load job, max over ranks: time of the load call; peak RSS growth
 during it over T (this rank's target bytes; mpiredist and HDF5 make new
 arrays, so T is inside the growth; DCP fills DTensors allocated before);
@@ -318,31 +319,46 @@ def _mpiexec():
 
 
 def drive(args):
+    """Every scenario, each step ``args.repeats`` fresh jobs, the systems
+    interleaved (repeat 1 of each system, then repeat 2, ...), so that a
+    machine shared with other work slows them alike; one table of medians."""
     env = dict(os.environ, **RSS_ENV, PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
     env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    systems = args.systems.split(",")
+    readers = systems + (["mpiredist-dcp"] if args.mpiredist_on_dcp and "dcp" in systems
+                         else [])
+    scenarios = [s for s in SCENARIOS if not args.only or args.only in s[0]]
     base = Path(tempfile.mkdtemp(prefix="mpiredist-ckbench-", dir=args.dir))
     rows = []
     try:
-        for system in args.systems.split(","):
-            saves = {}
-            for name, sn, slay, ln, llay in SCENARIOS:
-                if args.only and args.only not in name:
-                    continue
-                key = (sn, slay)
-                try:
-                    extra = [] if args.mpiredist_on_dcp else None
-                    row = _scenario(system, name, key, sn, slay, ln, llay, saves, base, env,
-                                    args.repeats, extra)
-                except RuntimeError as exc:
-                    print(f"{system} {name}: {exc}", file=sys.stderr, flush=True)
-                    continue
-                for r in [row] + (extra or []):
-                    rows.append(r)
-                    print(json.dumps(r), flush=True)
-            for path, _ in saves.values():
-                shutil.rmtree(path, ignore_errors=True)
+        for key in dict.fromkeys((sn, slay) for _, sn, slay, _, _ in scenarios):
+            sn, slay = key
+            saves = {system: [] for system in systems}
+            for r in range(args.repeats):
+                for system in systems:
+                    path = base / f"{system}-{sn}-{slay}"
+                    shutil.rmtree(path, ignore_errors=True)
+                    saves[system].append(_try(sn, ["save", "--system", system, "--path",
+                                                   str(path), "--layout", slay], env))
+            for name, _, _, ln, llay in (s for s in scenarios if (s[1], s[2]) == key):
+                loads = {system: [] for system in readers}
+                for r in range(args.repeats):
+                    for system in readers:
+                        source = "dcp" if system == "mpiredist-dcp" else system
+                        path = base / f"{source}-{sn}-{slay}"
+                        loads[system].append(_try(ln, ["load", "--system", system, "--path",
+                                                       str(path), "--layout", llay], env))
+                for system in readers:
+                    source = "dcp" if system == "mpiredist-dcp" else system
+                    sruns = [x for x in saves[source] if x]
+                    lruns = [x for x in loads[system] if x]
+                    if sruns and lruns:
+                        rows.append(_row(system, name, sruns, lruns))
+                        print(json.dumps(rows[-1]), flush=True)
+            for system in systems:
+                shutil.rmtree(base / f"{system}-{sn}-{slay}", ignore_errors=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     _table(rows)
@@ -350,26 +366,13 @@ def drive(args):
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
-def _scenario(system, name, key, sn, slay, ln, llay, saves, base, env, repeats, also=None):
-    """One row: the save (``repeats`` fresh jobs, once per save layout) and the loads."""
-    if key not in saves:
-        runs = []
-        for r in range(repeats):
-            path = base / f"{system}-{sn}-{slay}-{r}"
-            runs.append(_launch(sn, ["save", "--system", system, "--path", str(path),
-                                     "--layout", slay], env))
-            if r < repeats - 1:
-                shutil.rmtree(path)
-        saves[key] = (path, runs)
-    path, sruns = saves[key]
-    lruns = [_launch(ln, ["load", "--system", system, "--path", str(path), "--layout", llay],
-                     env) for _ in range(repeats)]
-    row = _row(system, name, sruns, lruns)
-    if system == "dcp" and also is not None:    # mr.load reading DCP's files by range
-        mruns = [_launch(ln, ["load", "--system", "mpiredist-dcp", "--path", str(path),
-                              "--layout", llay], env) for _ in range(repeats)]
-        also.append(_row("mpiredist-dcp", name, sruns, mruns))
-    return row
+def _try(n, argv, env):
+    """A job's result, or None (its failure reported) so that the others go on."""
+    try:
+        return _launch(n, argv, env)
+    except RuntimeError as exc:
+        print(str(exc)[:2000], file=sys.stderr, flush=True)
+        return None
 
 
 def _row(system, name, sruns, lruns):

@@ -1,7 +1,6 @@
 """The checkpoint format as a numpy user sees it, and DCP directories parsed without
 torch's loader (one process; DCP saved by torch itself at one process)."""
 
-import io
 import json
 import os
 import pickle

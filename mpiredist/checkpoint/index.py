@@ -23,7 +23,8 @@ from ..core.errors import CheckpointError, ShapeError
 from .grid import Geometry
 
 __all__ = ["FORMAT", "VERSION", "POINTER", "INDEX", "Piece", "Array", "Index", "generation_name",
-           "read_pointer", "read_index", "write_durably", "fsync_dir", "name_of"]
+           "read_pointer", "read_index", "index_document", "write_durably", "fsync_dir",
+           "name_of"]
 
 FORMAT = "mpiredist-checkpoint"
 VERSION = 1
@@ -230,8 +231,3 @@ def write_durably(file, doc):
         raise
     fsync_dir(os.path.dirname(file) or ".")
     return len(data)
-
-
-def dtype_name(dtype):
-    """The index's name of a dtype (``"<f4"``, ``"bfloat16"``)."""
-    return dtype_text(dtype)

@@ -43,7 +43,7 @@ largest over ranks; the table gives medians over ``--repeats``, and
 ``x raw`` each against ``raw`` (``-`` where raw moves nothing).  Columns:
 
 ``peak B``      bytes newly allocated at the peak of one untimed run
-                (tracemalloc, :func:`mpiredist.bench.memory.traced_peak`;
+                (tracemalloc, :func:`mpiredist.bench.measure.traced_peak`;
                 the result included), max over ranks; raw: its two buffers;
 ``/(S,T)+W``    the largest over ranks of peak / (max(S, T) + W): S and T
                 this rank's source and target block bytes (0 off a mesh),

@@ -22,7 +22,7 @@ Strategies, each made and warmed up (and checked) first, then timed side
 by side: each of ``--repeats`` repeats runs every strategy once, in an
 order drawn anew each repeat (alike on every rank), and a strategy's
 figure is the median over repeats of the slowest rank
-(:func:`~mpiredist.bench.timing.slowest_medians`), so that a slow spell of
+(:func:`~mpiredist.runtime.timing.slowest_medians`), so that a slow spell of
 the machine, or what the run before leaves behind, falls on all of them
 alike.  Before every timed run the heap's free memory goes back to the
 system (glibc ``malloc_trim``), so that every strategy starts alike and
@@ -67,7 +67,7 @@ result included, and what the group keeps between runs, its bucket buffer:
 ``TransferGroup.kept_bytes``), the growth of the peak resident set in one
 more run (``RSS MiB``, MPI's buffers included, plus the kept buffer;
 meaningful with the allocator settings of
-``mpiredist.bench.memory.RSS_ENVIRONMENT``) and the group's bound
+``mpiredist.bench.measure.RSS_ENVIRONMENT``) and the group's bound
 sum max(S_i, T_i) + W.  With ``--out`` the filled blocks are not new and
 are not counted, nor what a Transfer keeps between runs that are given
 ``out=`` (its pooled buffers); the group's kept buffer is.  The targets

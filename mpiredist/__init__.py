@@ -14,9 +14,9 @@ and ``python -m mpiredist plan`` runs where mpi4py cannot be imported.
 
 import importlib
 
-from .core.errors import (BudgetWarning, ClosedError, CommunicationError, DonationWarning,
-                          LayoutError, MemoryBudgetError, MeshError, MismatchError,
-                          MpiredistError, PlanError, RemoteError, ShapeError)
+from .core.errors import (BudgetWarning, CheckpointError, ClosedError, CommunicationError,
+                          DonationWarning, LayoutError, MemoryBudgetError, MeshError,
+                          MismatchError, MpiredistError, PlanError, RemoteError, ShapeError)
 from .core.layout import Layout
 from .core.mesh import Mesh
 from .core.topology import Topology
@@ -27,11 +27,11 @@ __version__ = "0.2.0"
 
 __all__ = ["Mesh", "Layout", "Topology", "Plan", "Step", "plan", "topology", "Transfer",
            "TransferGroup", "DistArray", "redistribute", "redistribute_many", "redistribute_tree",
-           "matmul", "concatenate",
+           "matmul", "concatenate", "save", "load",
            "MpiredistError", "LayoutError", "MeshError", "ShapeError", "PlanError",
            "MismatchError", "RemoteError", "CommunicationError", "MemoryBudgetError",
-           "ClosedError", "BudgetWarning", "DonationWarning",
-           "ops", "heat", "fft", "hdf5", "torch"]
+           "ClosedError", "CheckpointError", "BudgetWarning", "DonationWarning",
+           "ops", "heat", "fft", "hdf5", "torch", "checkpoint"]
 
 plan = _planner.plan
 
@@ -51,6 +51,9 @@ _PUBLIC = {
     "torch": (".arrays.dtensor", None),
     "fft": (".arrays.fft", None),
     "hdf5": (".arrays.hdf5", None),
+    "save": (".checkpoint.api", "save"),
+    "load": (".checkpoint.api", "load"),
+    "checkpoint": (".checkpoint", None),
 }
 
 # Dynamic imports: these modules import mpi4py only inside the functions that

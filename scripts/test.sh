@@ -280,7 +280,8 @@ SOAK_SEED="${MPIREDIST_SOAK_SEED:-1}"
 # and scripts/gpu_check.sh --fake keeps the device check working on a CPU.
 ARRAY_RANKS="${MPIREDIST_ARRAY_RANKS-2 3 4 8}"
 ARRAY_TESTS=(tests/mpi/test_torch.py tests/mpi/test_jax.py tests/mpi/test_dtensor.py
-             tests/mpi/test_heat_dndarray.py tests/mpi/test_bench_peers.py)
+             tests/mpi/test_heat_dndarray.py tests/mpi/test_bench_peers.py
+             tests/mpi/test_checkpoint_torch.py)
 # multi-process JAX (jax.distributed over the MPI ranks) must initialise JAX
 # first in its process: a pytest run of its own beside each array stage
 JAX_PROCESS_TESTS=(tests/mpi/test_jax_processes.py)
@@ -333,14 +334,17 @@ fi
 
 # A failure on one rank after data started to move ends the whole job
 # (tests/test_failure.py launches fresh 4-rank jobs: MPICH's ran in the serial
-# stage; here Open MPI's mpiexec, and srun in the Slurm stage).
+# stage; here Open MPI's mpiexec, and srun in the Slurm stage).  With Open MPI
+# also tests/test_checkpoint_jobs.py: a rank SIGKILLed during a save.
 failure_stage() {  # NAME PYTHON LAUNCHER...
     local name="$1" py="$2" t rc=0
     shift 2
     header "$name: tests/test_failure.py under $*"
     t="$(now)"
+    local extra=()
+    case "$name" in openmpi*) extra=(tests/test_checkpoint_jobs.py) ;; esac
     env "${MPI_RUN_ENV[@]}" MPIREDIST_FAILURE_LAUNCHER="$*" timeout "$MPI_TIMEOUT" \
-        "$py" -m pytest -q -p no:cacheprovider tests/test_failure.py || rc=$?
+        "$py" -m pytest -q -p no:cacheprovider tests/test_failure.py "${extra[@]}" || rc=$?
     finish "$name" "$rc" "$t" "pytest rc"
 }
 

@@ -19,7 +19,7 @@ pytest.importorskip("importlinter", reason="import-linter is not installed "
                     "(pip install -e '.[test]')")
 
 ROOT = Path(__file__).resolve().parents[1]
-CONTRACTS = ("Layers: bench and cli, arrays, runtime, planning, core",
+CONTRACTS = ("Layers: bench and cli, checkpoint, arrays, runtime, planning, core",
              "The CLI imports nothing of the bench",
              "core and planning import no mpi4py",
              "No import cycles between the modules of one layer",

@@ -16,6 +16,7 @@ __all__ = [
     "CommunicationError",
     "MemoryBudgetError",
     "ClosedError",
+    "CheckpointError",
     "BudgetWarning",
     "DonationWarning",
     "remote",
@@ -71,6 +72,11 @@ class ClosedError(MpiredistError, ValueError):
     """A Transfer was used after :meth:`~mpiredist.Transfer.free`."""
 
 
+class CheckpointError(MpiredistError, ValueError):
+    """A checkpoint is missing, malformed, corrupt or does not hold what a load
+    asks for; or saving one failed.  The message names the array and the file."""
+
+
 class RemoteLayoutError(RemoteError, LayoutError):
     """A :class:`LayoutError` found on another rank."""
 
@@ -99,10 +105,14 @@ class RemoteClosedError(RemoteError, ClosedError):
     """A :class:`ClosedError` found on another rank."""
 
 
+class RemoteCheckpointError(RemoteError, CheckpointError):
+    """A :class:`CheckpointError` found on another rank."""
+
+
 _REMOTE = {"LayoutError": RemoteLayoutError, "MeshError": RemoteMeshError,
            "ShapeError": RemoteShapeError, "PlanError": RemotePlanError,
            "MismatchError": RemoteMismatchError, "MemoryBudgetError": RemoteMemoryBudgetError,
-           "ClosedError": RemoteClosedError}
+           "ClosedError": RemoteClosedError, "CheckpointError": RemoteCheckpointError}
 
 
 def remote(name, message, rank):

@@ -2,13 +2,20 @@
 
     mpiexec -n 8 python -m benchmarks.bench_peers [--scale 4] [--repeats 5] [--cases c01,c02]
         [--json FILE]
+    torchrun --nproc-per-node 8 -m benchmarks.bench_peers [...]      # no MPI: gloo only
+
+Under ``mpiexec`` mpiredist moves over MPI and DTensor over gloo; under
+``torchrun`` both move over the same gloo process groups in the same
+processes, so that what differs is the plan (and HeAT, which needs MPI,
+is left out).
 
 ``dtensor``: the shared cases as DTensor placements (``Layout.to_placements``
 on a ``DeviceMesh`` of the case's mesh; cases DTensor cannot say, such as
-partial sums or a dim sharded against mesh-dim order, are listed as
+a dim sharded against mesh-dim order, are listed as
 skipped), a DTensor made by ``distribute_tensor``, then
 ``x.redistribute(mesh, dst)`` (DTensor, gloo) against
-``mr.torch.redistribute(x, dst)``.  ``heat``: a 2-D float32 array of the
+``mr.torch.redistribute(x, dst)``; a partial source holds the block of the
+array on every device of its Partial mesh dims.  ``heat``: a 2-D float32 array of the
 case's size resplit between split axes (0 -> 1, 1 -> 0, 0 -> None, None ->
 1) with ``heat.resplit`` against ``mr.heat.resplit``.  Each side: the
 median time over ``--repeats`` of the slowest rank (after a warm-up), the
@@ -24,6 +31,7 @@ torch (its torchvision import).
 
 import argparse
 import json
+import os
 import socket
 import sys
 
@@ -32,44 +40,40 @@ import numpy as np
 __all__ = ["main"]
 
 
-def _init_gloo(comm):
+def _init_gloo(group):
+    """torch.distributed's default group over the job's ranks (gloo)."""
     import torch.distributed as dist
     if dist.is_initialized():
         return
     port = None
-    if comm.Get_rank() == 0:
+    if group.rank == 0:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-    port = comm.bcast(port)
+    port = group.allgather_object(port)[0]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=comm.Get_rank(), world_size=comm.Get_size())
+                            rank=group.rank, world_size=group.size)
 
 
-def _measure(comm, fn, repeats):
+def _measure(group, fn, repeats):
     from mpiredist.bench.measure import rss_peak, rss_supported
     from mpiredist.runtime.timing import slowest_median
     result = fn()
-    seconds = slowest_median(comm, fn, repeats)
+    seconds = slowest_median(group, fn, repeats)
     rss = None
     if rss_supported():
-        comm.Barrier()
+        group.allgather_object(None)
         with rss_peak() as r:
             out = fn()
         del out
-        rss = comm.allreduce(r.bytes, op=_max())
+        rss = max(group.allgather_object(r.bytes))
     return result, seconds, rss
 
 
-def _max():
-    from mpi4py import MPI
-    return MPI.MAX
-
-
-def _bound(comm, s_bytes, t_bytes):
+def _bound(group, s_bytes, t_bytes):
     from mpiredist.planning.budget import workspace_for
-    most = comm.allreduce(max(s_bytes, t_bytes), op=_max())
-    return comm.allreduce(max(s_bytes, t_bytes) + workspace_for(most), op=_max())
+    most = max(group.allgather_object(max(s_bytes, t_bytes)))
+    return max(group.allgather_object(max(s_bytes, t_bytes) + workspace_for(most)))
 
 
 def _row(case, peer, their, ours, bound, ok):
@@ -78,16 +82,16 @@ def _row(case, peer, their, ours, bound, ok):
                 peer_rss=tr, ours_rss=orss, bound=bound, ok=ok)
 
 
-def _dtensor_rows(comm, args):
+def _dtensor_rows(group, args):
     import torch
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 
     import mpiredist as mr
     from mpiredist.bench.cases import load_cases, scaled
-    _init_gloo(comm)
+    _init_gloo(group)
     rows, skipped = [], []
-    p = comm.Get_size()
+    p = group.size
     wanted = set(filter(None, args.cases.split(",")))
     for case in load_cases():
         if wanted and case.id not in wanted and case.short_id not in wanted:
@@ -102,30 +106,25 @@ def _dtensor_rows(comm, args):
         except mr.LayoutError as exc:
             skipped.append((case.short_id, str(exc)[:70]))
             continue
-        if case.src.partial:
-            skipped.append((case.short_id, "partial source"))
-            continue
         c = scaled(case, args.scale)
         mesh = DeviceMesh("cpu", torch.arange(p).reshape(sizes), mesh_dim_names=tuple(names))
         torch.manual_seed(0)
         G = torch.randn(c.shape)
-        x = distribute_tensor(G, mesh, src)
-        theirs, tt, tr = _measure(comm, lambda: x.redistribute(mesh, dst), args.repeats)
-        ours, ot, orss = _measure(comm, lambda: mr.torch.redistribute(x, dst), args.repeats)
+        # a partial source: every device of a Partial mesh dim holds its block of G
+        whole = [Replicate() if isinstance(q, Partial) else q for q in src]
+        x = DTensor.from_local(distribute_tensor(G, mesh, whole).to_local(), mesh, src,
+                               run_check=False, shape=G.shape, stride=G.stride())
+        theirs, tt, tr = _measure(group, lambda: x.redistribute(mesh, dst), args.repeats)
+        ours, ot, orss = _measure(group, lambda: mr.torch.redistribute(x, dst), args.repeats)
         ok = torch.equal(theirs.to_local(), ours.to_local()) if tuple(
             theirs.to_local().shape) == tuple(ours.to_local().shape) else False
-        ok = comm.allreduce(int(ok), op=_min()) == 1
-        bound = _bound(comm, x.to_local().numel() * 4, ours.to_local().numel() * 4)
+        ok = all(group.allgather_object(bool(ok)))
+        bound = _bound(group, x.to_local().numel() * 4, ours.to_local().numel() * 4)
         rows.append(_row(case.short_id, "dtensor", (tt, tr), (ot, orss), bound, ok))
     return rows, skipped
 
 
-def _min():
-    from mpi4py import MPI
-    return MPI.MIN
-
-
-def _heat_rows(comm, args):
+def _heat_rows(group, args):
     import heat as ht
 
     import mpiredist as mr
@@ -135,10 +134,10 @@ def _heat_rows(comm, args):
     base = np.arange(shape[0] * shape[1], dtype=np.float32).reshape(shape)
     for split, axis in ((0, 1), (1, 0), (0, None), (None, 1)):
         x = ht.array(base, split=split)
-        theirs, tt, tr = _measure(comm, lambda: ht.resplit(x, axis), args.repeats)
-        ours, ot, orss = _measure(comm, lambda: mr.heat.resplit(x, axis), args.repeats)
-        ok = comm.allreduce(int(bool((theirs.larray == ours.larray).all())), op=_min()) == 1
-        bound = _bound(comm, x.larray.numel() * 4, ours.larray.numel() * 4)
+        theirs, tt, tr = _measure(group, lambda: ht.resplit(x, axis), args.repeats)
+        ours, ot, orss = _measure(group, lambda: mr.heat.resplit(x, axis), args.repeats)
+        ok = all(group.allgather_object(bool((theirs.larray == ours.larray).all())))
+        bound = _bound(group, x.larray.numel() * 4, ours.larray.numel() * 4)
         rows.append(_row(f"{shape[0]}x{shape[1]} {split}->{axis}", "heat", (tt, tr), (ot, orss),
                          bound, ok))
     return rows
@@ -152,10 +151,17 @@ def main(argv=None):
     parser.add_argument("--peers", default="dtensor,heat")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    from mpi4py import MPI
-    comm = MPI.COMM_WORLD
+    from mpiredist.runtime.groups import world_group
+    torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+    if torchrun:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+    group = world_group()
     rows, skipped, missing = [], [], []
     peers = args.peers.split(",")
+    if torchrun and "heat" in peers:
+        peers.remove("heat")
+        missing.append("heat (it runs over MPI: launch with mpiexec)")
     # HeAT's cases run first: once torch.distributed is up, gloo's groups (one
     # per DeviceMesh dim) leave about 66 threads a process that take CPU while
     # idle (about 25 ms a second each, 8 ranks: a tenth of this machine's two
@@ -165,20 +171,21 @@ def main(argv=None):
     if "heat" in peers:
         try:
             import heat  # noqa: F401
-            heat_rows = _heat_rows(comm, args)
+            heat_rows = _heat_rows(group, args)
         except ImportError as exc:
             missing.append(f"heat ({exc})")
     if "dtensor" in peers:
         try:
             import torch  # noqa: F401
-            found, skipped = _dtensor_rows(comm, args)
+            found, skipped = _dtensor_rows(group, args)
             rows += found
         except ImportError as exc:
             missing.append(f"dtensor ({exc})")
     rows += heat_rows
-    if comm.Get_rank() == 0:
+    if group.rank == 0:
         mib = (lambda b: "-" if b is None else f"{b / 2**20:.2f}")
-        print(f"peers: {comm.Get_size()} ranks, scale {args.scale}, median of {args.repeats}")
+        print(f"peers: {group.size} ranks, scale {args.scale}, median of {args.repeats}; "
+              f"mpiredist over {group.library}, DTensor over gloo")
         print(f"{'case':18} {'peer':8} {'peer ms':>9} {'ours ms':>9} {'x':>6} {'peer RSS':>9} "
               f"{'ours RSS':>9} {'bound':>7} {'peer/b':>7} {'ours/b':>7} check")
         for r in rows:

@@ -16,7 +16,8 @@ import importlib
 
 from .core.errors import (BudgetWarning, CheckpointError, ClosedError, CommunicationError,
                           DonationWarning, LayoutError, MemoryBudgetError, MeshError,
-                          MismatchError, MpiredistError, PlanError, RemoteError, ShapeError)
+                          MismatchError, MpiredistError, PlacementError, PlanError, RemoteError,
+                          ShapeError)
 from .core.layout import Layout
 from .core.mesh import Mesh
 from .core.topology import Topology
@@ -29,7 +30,7 @@ __all__ = ["Mesh", "Layout", "Topology", "Plan", "Step", "plan", "topology", "Tr
            "TransferGroup", "DistArray", "redistribute", "redistribute_many", "redistribute_tree",
            "matmul", "concatenate", "save", "load",
            "MpiredistError", "LayoutError", "MeshError", "ShapeError", "PlanError",
-           "MismatchError", "RemoteError", "CommunicationError", "MemoryBudgetError",
+           "PlacementError", "MismatchError", "RemoteError", "CommunicationError", "MemoryBudgetError",
            "ClosedError", "CheckpointError", "BudgetWarning", "DonationWarning",
            "ops", "heat", "fft", "hdf5", "torch", "checkpoint"]
 

@@ -19,6 +19,9 @@
 #            test_jax_processes.py, at 2, 3, 4 and 8 ranks under PyPI MPICH (the
 #            fake-device tests, test_device.py, run in every stage), and
 #            scripts/gpu_check.sh --fake at 2
+#   torchrun a venv without mpi4py (.venv-torch: the CPU torch, mpiredist[torch]):
+#            tests/torchrun and tests/mpi/test_routes.py under torchrun (gloo)
+#            at 2, 3, 4 and 8 workers, and tests/test_torchrun_jobs.py
 #   system   Debian's MPICH (apt-get install mpich libmpich-dev) with the
 #            mpi4py wheel (.venv-sysmpich): tests/mpi at 2 ranks
 #
@@ -48,7 +51,8 @@
 # soak's rank counts under PyPI MPICH and Open MPI, default "5 7"; empty skips
 # it), MPIREDIST_SOAK_CASES (default 300), MPIREDIST_SOAK_SEED (default 1),
 # MPIREDIST_ARRAY_RANKS (the torch/JAX/HeAT stages, default "2 3 4 8"; empty skips them
-# and their install), MPIREDIST_TORCH_VERSION (default 2.13.0+cpu),
+# and their install), MPIREDIST_TORCHRUN_RANKS (the torchrun stages, default
+# "2 3 4 8"; empty skips them), MPIREDIST_TORCH_VERSION (default 2.13.0+cpu),
 # MPIREDIST_MPI_TIMEOUT (seconds per stage, default
 # 300), MPIREDIST_LARGE_TIMEOUT (default 900), MPIREDIST_HANG_DUMP (seconds
 # before a running test dumps its tracebacks, default 120),
@@ -331,6 +335,59 @@ if has_mpi mpich && [ "$MPICH_OK" = 1 ]; then
     done
     soak_stage mpich python
 fi
+
+# torch.distributed without MPI: a venv with no mpi4py and no MPI library
+# (.venv-torch: the CPU torch, then pip install -e ".[torch]" and pytest), the
+# suite tests/torchrun under torchrun (gloo) at TORCHRUN_RANKS workers, the
+# table of mistakes (tests/mpi/test_routes.py) there too, and a failure on one
+# worker ending the job (tests/test_torchrun_jobs.py).  Every worker writes
+# its pytest status to the log directory, as the MPI stages do.
+TORCHRUN_RANKS="${MPIREDIST_TORCHRUN_RANKS-2 3 4 8}"
+TORCHRUN_TESTS=(tests/torchrun tests/mpi/test_routes.py)
+torchrun_stages() {
+    local t rc=0 n py="$PWD/.venv-torch/bin/python" logdir name
+    header "torchrun set-up: .venv-torch (torch==$TORCH_VERSION, pip install -e .[torch]; no mpi4py)"
+    t="$(now)"
+    if [ "${MPIREDIST_SKIP_INSTALL:-0}" != 1 ] || [ ! -x "$py" ]; then
+        { [ -x "$py" ] || "${PYTHON:-python3}" -m venv .venv-torch; } &&
+        "$py" -m pip install -q "torch==$TORCH_VERSION" &&
+        "$py" -m pip install -q -e ".[torch]" pytest hypothesis || rc=$?
+    fi
+    # the point of the stage: nothing of MPI in it
+    "$py" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("mpi4py") is not None)' \
+        || { log "error: mpi4py is installed in .venv-torch"; rc=1; }
+    finish "torchrun set-up" "$rc" "$t" "rc"
+    [ "$rc" = 0 ] || return 0
+    for n in $TORCHRUN_RANKS; do
+        name="torchrun np=$n"
+        logdir="$LOGROOT/torchrun-$n"
+        mkdir -p "$logdir"
+        header "$name: torchrun --nproc-per-node $n pytest ${TORCHRUN_TESTS[*]} [$RSS_ENV]"
+        t="$(now)"
+        rc=0
+        # shellcheck disable=SC2086,SC2016
+        env $RSS_ENV PATH="$PWD/.venv-torch/bin:$BASE_PATH" timeout "$MPI_TIMEOUT" \
+            "$PWD/.venv-torch/bin/torchrun" --nproc-per-node "$n" --monitor-interval 0.1 \
+            --no-python bash -c '
+            d="$1"; shift
+            if [ "$RANK" = 0 ]; then "$@"; else "$@" >"$d/rank-$RANK.log" 2>&1; fi
+            s=$?; echo "$s" >"$d/rank-$RANK.rc"; exit "$s"' \
+            _ "$logdir" "$py" -m pytest -q -p no:cacheprovider \
+            -o faulthandler_timeout="$HANG_DUMP" "${TORCHRUN_TESTS[@]}" "$@" || rc=$?
+        if [ "$rc" = 0 ] && [ "$(cat "$logdir"/rank-*.rc | sort -u | tr -d '\n')" != 0 ]; then
+            rc=1
+        fi
+        [ "$rc" = 0 ] || tail -n 30 "$logdir"/rank-*.log 2>/dev/null || true
+        finish "$name" "$rc" "$t" "rc"
+    done
+    header "torchrun failures: tests/test_torchrun_jobs.py (4 workers, a fault, a SIGKILL)"
+    t="$(now)"
+    rc=0
+    timeout "$MPI_TIMEOUT" "$py" -m pytest -q -p no:cacheprovider tests/test_torchrun_jobs.py \
+        "$@" || rc=$?
+    finish "torchrun failures" "$rc" "$t" "pytest rc"
+}
+[ -z "$TORCHRUN_RANKS" ] || torchrun_stages "$@"
 
 # A failure on one rank after data started to move ends the whole job
 # (tests/test_failure.py launches fresh 4-rank jobs: MPICH's ran in the serial

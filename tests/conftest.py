@@ -13,6 +13,11 @@ profiles:
   loaded by ``tests/mpi/conftest.py``.
 
 ``HYPOTHESIS_PROFILE=<name>`` in the environment overrides the choice.
+
+Under torchrun (``TORCHELASTIC_RUN_ID`` set) every worker makes
+torch.distributed's default group (gloo) before the tests are collected,
+so that modules that read the job at import (``tests/mpi/helpers.job_comm``)
+find it; see ``tests/torchrun/conftest.py``.
 """
 
 import os
@@ -43,3 +48,14 @@ if settings is not None:
         database=None,
     )
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config):
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        import datetime
+
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            # a bound on every collective: a test that leaves a peer behind
+            # fails after it instead of holding the job for gloo's 30 minutes
+            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))

@@ -107,3 +107,4 @@ if given is not None:
         placements = [data.draw(st.sampled_from(
             [Replicate()] + [Shard(d) for d in range(len(shape))])) for _ in mesh_shape]
         _check(tuple(shape), tuple(mesh_shape), placements)
+

@@ -39,6 +39,11 @@ def _block_shape(shape, mesh, layout, rank):
     return tuple(hi - lo for lo, hi in box)
 
 
+def _contiguous():
+    import torch
+    return torch.contiguous_format
+
+
 def device_of(mesh, rank):
     """The device index of communicator ``rank`` on ``mesh``, or None off the mesh."""
     if mesh.ranks is None:
@@ -135,7 +140,9 @@ class DistArrayBase:
         if device is None:
             return cls(None, shape, lay, mesh)
         box = rank_block(shape, expand(lay, mesh), rank_digits(mesh, device))
-        block = array[tuple(slice(lo, hi) for lo, hi in box)].copy()
+        part = array[tuple(slice(lo, hi) for lo, hi in box)]
+        clone = getattr(part, "clone", None)        # torch's copy; numpy, CuPy, JAX: copy
+        block = clone(memory_format=_contiguous()) if clone is not None else part.copy()
         return cls(block, shape, lay, mesh)
 
     @property

@@ -11,6 +11,7 @@ __all__ = [
     "MeshError",
     "ShapeError",
     "PlanError",
+    "PlacementError",
     "MismatchError",
     "RemoteError",
     "CommunicationError",
@@ -41,6 +42,13 @@ class ShapeError(MpiredistError, ValueError):
 
 class PlanError(MpiredistError, ValueError):
     """A redistribution that no strategy can express (e.g. creating partials)."""
+
+
+class PlacementError(PlanError, RuntimeError):
+    """A DTensor redistribution that DTensor refuses too (a target that creates
+    or moves a Partial, no placements): a :class:`PlanError`, and the
+    ``RuntimeError`` that DTensor raises there, so that code written for
+    ``DTensor.redistribute`` catches it."""
 
 
 class MismatchError(MpiredistError, ValueError):
@@ -93,6 +101,10 @@ class RemotePlanError(RemoteError, PlanError):
     """A :class:`PlanError` found on another rank."""
 
 
+class RemotePlacementError(RemoteError, PlacementError):
+    """A :class:`PlacementError` found on another rank."""
+
+
 class RemoteMismatchError(RemoteError, MismatchError):
     """A :class:`MismatchError` found on another rank."""
 
@@ -111,6 +123,7 @@ class RemoteCheckpointError(RemoteError, CheckpointError):
 
 _REMOTE = {"LayoutError": RemoteLayoutError, "MeshError": RemoteMeshError,
            "ShapeError": RemoteShapeError, "PlanError": RemotePlanError,
+           "PlacementError": RemotePlacementError,
            "MismatchError": RemoteMismatchError, "MemoryBudgetError": RemoteMemoryBudgetError,
            "ClosedError": RemoteClosedError, "CheckpointError": RemoteCheckpointError}
 

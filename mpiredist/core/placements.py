@@ -24,16 +24,15 @@ objects; reading them needs neither.
 from .errors import LayoutError
 
 __all__ = ["from_placements", "to_placements", "from_partition_spec", "to_partition_spec",
-           "dtensor_boxes", "placement_kinds", "shard_interval"]
+           "dtensor_boxes", "dtensor_ranges", "placement_kinds", "shard_interval"]
 
 
 def _kind(placement):
-    """``("shard", dim)``, ``("replicate", None)``, ``("partial", op)`` or a LayoutError."""
+    """``("shard", dim)``, ``("strided", (dim, split_factor))``, ``("replicate",
+    None)``, ``("partial", op)`` or a LayoutError."""
     name = type(placement).__name__
     if name == "_StridedShard":
-        raise LayoutError(f"{placement!r}: DTensor's strided shards (FSDP2 over tensor "
-                          "parallelism) have no mpiredist layout: redistribute to plain "
-                          "Shard placements first")
+        return "strided", (int(placement.dim), int(placement.split_factor))
     if name == "Shard" or (hasattr(placement, "dim") and hasattr(placement, "is_shard")
                            and placement.is_shard()):
         return "shard", int(placement.dim)
@@ -41,12 +40,14 @@ def _kind(placement):
         return "replicate", None
     if name in ("Partial", "_Partial"):
         return "partial", str(getattr(placement, "reduce_op", "sum"))
-    raise LayoutError(f"{placement!r} is not a DTensor placement (Shard, Replicate, Partial)")
+    raise LayoutError(f"{placement!r} is not a DTensor placement (Shard, _StridedShard, "
+                      "Replicate, Partial)")
 
 
 def placement_kinds(placements):
-    """``(kind, value)`` per placement: ``("shard", dim)``, ``("replicate", None)``
-    or ``("partial", op)`` (pairs pass through): a plain value ranks can exchange."""
+    """``(kind, value)`` per placement: ``("shard", dim)``, ``("strided", (dim,
+    split_factor))``, ``("replicate", None)`` or ``("partial", op)`` (pairs pass
+    through): a plain value ranks can exchange."""
     return tuple(p if isinstance(p, tuple) else _kind(p) for p in placements)
 
 
@@ -64,6 +65,10 @@ def from_placements(placements, mesh_dim_names, ndim):
     dims, partial, ops = [[] for _ in range(ndim)], [], set()
     for name, placement in zip(names, placements):
         kind, value = _kind(placement)
+        if kind == "strided":
+            raise LayoutError(f"{placement!r}: DTensor's strided shards (FSDP2 over tensor "
+                              "parallelism) hold pieces of a dim that are apart, which no "
+                              "layout does; mr.torch.redistribute moves them")
         if kind == "shard":
             d = value + ndim if value < 0 else value
             if not 0 <= d < ndim:
@@ -145,26 +150,77 @@ def shard_interval(n, k, p):
     return lo, min(n, lo + c)
 
 
+def dtensor_ranges(shape, mesh_shape, placements, coordinate):
+    """Per tensor dim, the global ``(lo, hi)`` ranges that the device at mesh
+    ``coordinate`` holds, in the order its local tensor joins them, under
+    DTensor's own rule; and its coordinates on the Partial mesh dims.
+
+    Mesh dims apply left to right to what the dims to their left left this
+    device (its local length L of the tensor dim): ``Shard`` on a mesh dim
+    of n devices keeps chunk k of n of it (:func:`shard_interval`, torch's
+    ``chunk``); ``_StridedShard(dim, split_factor=f)`` cuts it into f
+    chunks first and keeps chunk k of n of each, joined in order (FSDP2
+    over tensor parallelism: f is the TP size), so that a device holds
+    pieces of the dim that are apart.
+    """
+    ranges = [[(0, n)] for n in shape]
+    partial = []
+    for m, (kind, value) in enumerate(placement_kinds(placements)):
+        n, k = mesh_shape[m], coordinate[m]
+        if kind == "partial":
+            partial.append(k)
+        if kind not in ("shard", "strided"):
+            continue
+        d, factor = (value, 1) if kind == "shard" else value
+        d = d + len(shape) if d < 0 else d
+        length = sum(hi - lo for lo, hi in ranges[d])
+        kept = []
+        for j in range(factor):
+            lo, hi = shard_interval(length, factor, j)
+            a, b = shard_interval(hi - lo, n, k)
+            kept.append((lo + a, lo + b))
+        ranges[d] = _within(ranges[d], kept)
+    return ranges, tuple(partial)
+
+
+def _within(segments, local):
+    """The global ranges of the ``local`` ranges of the join of ``segments``
+    (adjacent ones merged; an empty range where nothing is kept)."""
+    out, starts, at = [], [], 0
+    for lo, hi in segments:
+        starts.append(at)
+        at += hi - lo
+    for a, b in local:
+        for (lo, hi), s in zip(segments, starts):
+            x, y = max(a, s), min(b, s + hi - lo)
+            if x < y:
+                g = (lo + x - s, lo + y - s)
+                if out and out[-1][1] == g[0]:
+                    out[-1] = (out[-1][0], g[1])
+                else:
+                    out.append(g)
+    return out or [(0, 0)]
+
+
 def dtensor_boxes(shape, mesh_shape, placements, coordinates):
     """Per mesh coordinate: ``(box, partial class)`` under DTensor's own rule.
 
     ``box``: ``((lo, hi), ...)`` per tensor dim, shards nested in mesh-dim
     order; the class: the index over the Partial mesh dims (0 without).
     ``placements``: DTensor placements, or their ``(kind, value)`` pairs
-    (:func:`placement_kinds`).
+    (:func:`placement_kinds`).  LayoutError where a device holds pieces
+    that are apart (strided shards: :func:`dtensor_ranges`).
     """
-    kinds = placement_kinds(placements)
+    partial_sizes = [n for n, (kind, _) in zip(mesh_shape, placement_kinds(placements))
+                     if kind == "partial"]
     out = []
     for coord in coordinates:
-        box = [(0, n) for n in shape]
+        ranges, partial = dtensor_ranges(shape, mesh_shape, placements, coord)
+        if any(len(r) > 1 for r in ranges):
+            raise LayoutError(f"placements {list(placements)}: a device holds pieces of "
+                              "the tensor that are apart (strided shards), not one box")
         cls = 0
-        for m, (kind, value) in enumerate(kinds):
-            if kind == "shard":
-                d = value + len(shape) if value < 0 else value
-                lo, hi = box[d]
-                a, b = shard_interval(hi - lo, mesh_shape[m], coord[m])
-                box[d] = (lo + a, lo + b)
-            elif kind == "partial":
-                cls = cls * mesh_shape[m] + coord[m]
-        out.append((tuple(box), cls))
+        for n, k in zip(partial_sizes, partial):
+            cls = cls * n + k
+        out.append((tuple(r[0] for r in ranges), cls))
     return out

@@ -42,7 +42,7 @@ from ..core.mesh import Mesh
 from ..core.subaxes import SubLayout, expand, rank_digits
 from .budget import workspace_for
 
-__all__ = ["Source", "Target", "Piece", "Holders", "layout_sources", "layout_targets",
+__all__ = ["Source", "Target", "Piece", "Segments", "Holders", "layout_sources", "layout_targets",
            "plan_pieces",
            "layout_boxes", "box_sources", "recv_pieces", "send_pieces", "parts", "iter_parts", "part_limit",
            "ring_part_limit",
@@ -68,6 +68,17 @@ Piece.__doc__ = """A piece of one exchange: the other rank (this rank for its ow
 the global ``box``, the source class, whether it is the ``first`` piece of
 its box at the receiver (copied; later ones are combined into it), and
 whether it is ``direct`` (contiguous at both ends, not combined: sent whole)."""
+
+Segments = namedtuple("Segments", "owners source_at target_at source_shapes target_shapes")
+Segments.__doc__ = """Where the entries of an exchange lie when a rank's block is several
+boxes (DTensor's strided shards: its local tensor joins pieces that are
+apart in the global array).  The sources and targets are then per *entry*,
+one box each, and ``owners[e]`` is the rank that holds entry ``e``;
+``source_at[e]`` / ``target_at[e]``: the starts of the entry's box inside
+its owner's block (None where it has no such entry); ``source_shapes[r]`` /
+``target_shapes[r]``: rank ``r``'s whole block shape (None without one).
+The piece model runs over the entries unchanged; only the ends of each
+piece are mapped to ranks and block offsets."""
 
 
 def layout_sources(shape, mesh, layout, comm_size):
@@ -227,8 +238,13 @@ def send_pieces(p, sources, targets, holders=None):
     return out
 
 
-def exchange_workspace(sources, targets, itemsize):
-    """The default W of an exchange: that of its largest source or target block."""
+def exchange_workspace(sources, targets, itemsize, segments=None):
+    """The default W of an exchange: that of its largest source or target block
+    (of the ranks' blocks, with ``segments``)."""
+    if segments is not None:
+        most = max([math.prod(s) for s in segments.source_shapes + segments.target_shapes
+                    if s is not None] + [0])
+        return workspace_for(most * itemsize)
     most = max([box_size(s.box) for s in sources if s is not None] +
                [box_size(t.box) for t in targets if t is not None] + [0])
     return workspace_for(most * itemsize)

@@ -63,21 +63,25 @@ class BoxExchange(Job):
 
     @classmethod
     def from_boxes(cls, group, sources, targets, dtype, op="sum", workspace=None,
-                   name="an exchange", identity=None, checked=False, views=False):
+                   name="an exchange", identity=None, checked=False, views=False,
+                   segments=None):
         """The exchange from ``sources`` to ``targets`` (per rank of ``group``: a
         :class:`~mpiredist.planning.pieces.Source` or
         :class:`~mpiredist.planning.pieces.Target`, or None; alike on every
         rank) on the group's duplicate (local once it exists).  ``views``:
-        every rank's blocks may be views of larger arrays.  ``checked``
+        every rank's blocks may be views of larger arrays; ``segments``: the
+        entries are boxes of ranks' blocks
+        (:class:`~mpiredist.planning.pieces.Segments`).  ``checked``
         False: runs make no agreement of their own (the caller agreed)."""
         self = object.__new__(cls)
         self.group = group
         self._dtype = np.dtype(dtype)
-        self.workspace = self._workspace = exchange_workspace(
-            sources, targets, self._dtype.itemsize) if workspace is None else workspace
-        self._pieces, self._op = (sources, targets), op
+        if workspace is None:
+            workspace = exchange_workspace(sources, targets, self._dtype.itemsize, segments)
+        self.workspace = self._workspace = workspace
+        self._pieces, self._op = (sources, targets, segments), op
         self._exchange = Exchange(Context(library_group(group), self._dtype), sources,
-                                  targets, self._workspace, op, views=views)
+                                  targets, self._workspace, op, views=views, segments=segments)
         self._keep = Keep()
         self._keep[("exchange",)] = self._exchange
         self.source_shape = self._exchange.source_shape
@@ -119,10 +123,10 @@ class BoxExchange(Job):
         (local,), (out,) = natives, outs
         ex = self._exchange
         if kind.device and not aware:
-            sources, targets = self._pieces
+            sources, targets, segments = self._pieces
             ex = self._keep.get(("staged",), lambda: staged_exchange(
                 library_group(self.group), self._dtype, sources, targets, self._workspace,
-                self._op))
+                self._op, segments))
         return [ex.fill(local, out, kind.device, records)]
 
     def kept_bytes(self):

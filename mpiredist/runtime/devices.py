@@ -55,8 +55,8 @@ def gpu_aware(base, what):
     return aware
 
 
-def staged_exchange(group, dtype, sources, targets, workspace, op):
+def staged_exchange(group, dtype, sources, targets, workspace, op, segments=None):
     """The exchange from ``sources`` to ``targets`` with every part staged
     through host rings (the one factory of staged exchanges)."""
     return Exchange(Context(group, dtype, staged=True), sources, targets, workspace, op,
-                    views=True)
+                    views=True, segments=segments)

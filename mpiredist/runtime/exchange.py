@@ -256,6 +256,9 @@ class Exchange:
     views : bool
         Every rank's ``local`` and ``out`` may be views of larger arrays:
         no piece goes whole (every rank must pass the same).
+    segments : Segments, optional
+        The entries are not ranks but boxes of ranks' blocks
+        (:class:`~mpiredist.planning.pieces.Segments`).
 
     Memory: the caller's target block, plus rings of at most half of W a
     side, less a margin (a quarter of W, at most ``budget.MARGIN``; more where
@@ -265,25 +268,44 @@ class Exchange:
     but :meth:`run`.
     """
 
-    def __init__(self, ctx, sources, targets, workspace, op="sum", views=False, rank=None):
+    def __init__(self, ctx, sources, targets, workspace, op="sum", views=False, rank=None,
+                 segments=None):
         self.ctx, self.group, self.views = ctx, ctx.group, views
         me = ctx.group.rank if rank is None else rank
         n = len(targets)
         holders = Holders(sources)
-        mine, self.target = sources[me] if me < len(sources) else None, targets[me]
-        self.src_box = None if mine is None else mine.box
-        self.dst_box = None if self.target is None else self.target.box
         self.workspace = workspace
         self.op = op
-        self.sends = [Send((x.cls, (x.peer - me) % n, x.box), x.peer,
-                           relative(x.box, self.src_box), x.direct and not views)
-                      for x in send_pieces(me, sources, targets, holders)]
-        recvs = recv_pieces(me, sources, targets, holders)
-        self.combines = any(not x.first for x in recvs)
-        self.recvs = [Recv((x.cls, (me - x.peer) % n, x.box), x.peer,
-                           relative(x.box, self.dst_box), x.direct and not views, not x.first,
-                           relative(x.box, self.src_box) if x.peer == me else None)
-                      for x in recvs]
+        if segments is None:            # an entry per rank, its block one box
+            owner, mine = list(range(n)), [me]
+            src_at = dst_at = None
+            src = sources[me] if me < len(sources) else None
+            self.source_shape = None if src is None else box_shape(src.box)
+            self.target_shape = None if targets[me] is None else box_shape(targets[me].box)
+        else:
+            owner, views = segments.owners, True     # blocks of several boxes: none goes whole
+            mine = [e for e, r in enumerate(owner) if r == me]
+            src_at, dst_at = segments.source_at, segments.target_at
+            self.source_shape = segments.source_shapes[me]
+            self.target_shape = segments.target_shapes[me]
+
+        def where(entries, at, e, box):         # a global box in entry e's owner's block
+            rel = relative(box, entries[e].box)
+            return rel if at is None else (tuple(a + b for a, b in zip(at[e], rel[0])), rel[1])
+
+        self.sends = [Send((x.cls, (x.peer - e) % n, x.box), owner[x.peer],
+                           where(sources, src_at, e, x.box), x.direct and not views)
+                      for e in mine if e < len(sources) and sources[e] is not None
+                      for x in send_pieces(e, sources, targets, holders)]
+        recvs = [(e, x) for e in mine if targets[e] is not None
+                 for x in recv_pieces(e, sources, targets, holders)]
+        self.combines = any(not x.first for _, x in recvs)
+        self.recvs = [Recv((x.cls, (e - x.peer) % n, x.box), owner[x.peer],
+                           where(targets, dst_at, e, x.box), x.direct and not views,
+                           not x.first,
+                           where(sources, src_at, x.peer, x.box) if owner[x.peer] == me
+                           else None)
+                      for e, x in recvs]
         limit = part_limit(ctx.itemsize, workspace, (True, True))
         if limit == math.inf:                   # a tiny W: parts of a ring each
             limit = max(1, workspace // 2 // ctx.itemsize)
@@ -305,18 +327,11 @@ class Exchange:
                         2 * part if self.combines or ctx.staged else 0)
         self.bytes_sent = sum(math.prod(s.box[1]) for s in self.sends if s.peer != me) \
             * ctx.itemsize
+        self.views = views
 
     def free(self):
         """Drop what its context keeps (local, no communication)."""
         self.ctx.free()
-
-    @property
-    def source_shape(self):
-        return None if self.src_box is None else box_shape(self.src_box)
-
-    @property
-    def target_shape(self):
-        return None if self.dst_box is None else box_shape(self.dst_box)
 
     def fill(self, local, out, device=False, records=None):
         """Run from ``local`` into ``out``, or into a new array of the block's

@@ -236,6 +236,11 @@ class TransferGroup(Job):
             total += max(sizes + [0])
         return total + self._workspace
 
+    @property
+    def bytes_sent(self):
+        """Bytes this rank sends to other ranks per run (every item's)."""
+        return sum(i.exchange.bytes_sent for i in self._items)
+
     def __len__(self):
         return len(self._items)
 

@@ -17,13 +17,17 @@ sub-axis group, and ordered so that a member's rank in the sub-group is its
 mixed-radix index over the group (first sub-axis major).
 """
 
+import os
+import sys
+
 from ..core.errors import MeshError
 from ..core.subaxes import rank_digits
 from ..core.topology import Topology
-from . import mpi
+from . import mpi, torchdist
 from .transport import Group
 
-__all__ = ["base_group", "world_group", "as_group", "MeshGroups", "mesh_groups", "library_group", "topology",
+__all__ = ["base_group", "world_group", "as_group", "TRANSPORT_ENV", "MeshGroups", "mesh_groups",
+           "library_group", "topology",
            "node_ranks", "kept", "check_size"]
 
 
@@ -35,9 +39,27 @@ def base_group(mesh):
     return world_group() if comm is None else as_group(comm)
 
 
+TRANSPORT_ENV = "MPIREDIST_TRANSPORT"
+# set by the launchers of MPI (hydra, Open MPI, PMIx): the job is an MPI job
+MPI_LAUNCHED = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
 def world_group():
-    """The group of every rank of the job: MPI's ``COMM_WORLD``."""
+    """The group of every rank of the job (what a mesh's ``comm=None`` means):
+    torch.distributed's default group when it is initialised and MPI did not
+    launch the job (torchrun), else MPI's ``COMM_WORLD``;
+    ``MPIREDIST_TRANSPORT=mpi`` or ``torch`` chooses.  Alike on every rank of
+    a job (the launcher and the environment are)."""
+    choice = os.environ.get(TRANSPORT_ENV, "").strip().lower()
+    if choice == "torch" or not choice and _torch_job():
+        return torchdist.world()
     return mpi.world()
+
+
+def _torch_job():
+    dist = sys.modules.get("torch.distributed")     # not imported here
+    return (dist is not None and dist.is_available() and dist.is_initialized()
+            and not any(k in os.environ for k in MPI_LAUNCHED))
 
 
 def check_size(mesh, group):

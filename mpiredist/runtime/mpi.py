@@ -55,9 +55,11 @@ def mpi():
     try:
         from mpi4py import MPI
     except ImportError as exc:
-        raise ImportError("mpi4py is required to run plans over MPI: pip install mpi4py "
-                          "(or mpiredist[mpich] for a self-contained MPICH); under torchrun, "
-                          "use a mesh of torch.distributed (mr.Mesh.from_device_mesh)") from exc
+        raise ImportError("mpi4py is required to run over MPI: pip install mpi4py (or "
+                          "mpiredist[mpich] for a self-contained MPICH); under torchrun, "
+                          "call torch.distributed.init_process_group first and mpiredist "
+                          "runs over torch.distributed (mr.torch.mesh makes a mesh of a "
+                          "DeviceMesh)") from exc
     return MPI
 
 

@@ -41,6 +41,46 @@ def all_ok(comm, flag, msg=""):
                              f"{comm.size}{mine}; this is rank {comm.rank}")
 
 
+class TorchComm:
+    """The few methods of an mpi4py communicator that these helpers and the
+    tests use, over torch.distributed (under torchrun, where no MPI is)."""
+
+    def __init__(self, group):
+        self.group, self.rank, self.size = group, group.rank, group.size
+
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return self.size
+
+    def allgather(self, obj):
+        return self.group.allgather_object(obj)
+
+    def bcast(self, obj, root=0):
+        return self.allgather(obj)[root]
+
+    def Barrier(self):
+        self.allgather(None)
+
+    def Dup(self):
+        """A fresh group over the same ranks (a mesh's ``comm``)."""
+        return self.group.dup()
+
+
+def job_comm():
+    """The job's ranks as a communicator: ``MPI.COMM_WORLD`` under an MPI
+    launcher, a :class:`TorchComm` of torch.distributed's default group under
+    torchrun (``mpiredist.runtime.groups.world_group`` decides alike)."""
+    from mpiredist.runtime.groups import world_group
+    from mpiredist.runtime.torchdist import TorchGroup
+    group = world_group()
+    if isinstance(group, TorchGroup):
+        return TorchComm(group)
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
+
+
 def count_limit_lowered(below=1 << 20):
     """True when ``MPIREDIST_COUNT_LIMIT`` (CI's stages for counts beyond 2 GiB)
     lowers MPI's count limit under ``below`` bytes: then buckets are capped and

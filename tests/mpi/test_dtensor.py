@@ -123,8 +123,9 @@ def test_errors_on_every_rank():
     x = distribute_tensor(torch.zeros(2 * P, 2), mesh, [Shard(0)])
     if RANK == P - 1:
         x = x.detach().requires_grad_(True)
-    with pytest.raises(mr.ShapeError, match="requires grad"):
-        mr.torch.redistribute(x, [Shard(1)])
+    if P > 1:       # one rank would run a backward the others never join
+        with pytest.raises(mr.MismatchError, match="differentiable"):
+            mr.torch.redistribute(x, [Shard(1)])
     y = distribute_tensor(torch.zeros(2 * P, 2), mesh, [Shard(0)])
     with pytest.raises(mr.ShapeError, match="placements for a mesh"):
         mr.torch.redistribute(y, [Shard(1), Shard(0)])

@@ -22,6 +22,9 @@
 #   bin/mpiexec.hydra, bin/hydra_bstrap_proxy, bin/hydra_pmi_proxy
 #                          the launcher and the two programs it starts on one
 #                          node (strace -f -e execve)
+#   bin/IMB-MPI1-GPU       Intel's MPI benchmarks on device buffers (it
+#                          dlopens libcudart.so): a probe of the library's
+#                          own device bandwidth, apart from mpiredist
 #   opt/mpi/etc/coll.fatbin, *.conf, tuning_*_shm.dat
 #                          the CUDA kernels of the GPU collectives, the
 #                          collective and point-to-point settings, and the
@@ -56,7 +59,7 @@ fi
 
 files=(lib/libmpi.so.12 lib/libfabric.so.1 lib/libshm-fi.so lib/libtcp-fi.so
        lib/librxm-fi.so bin/mpiexec.hydra bin/hydra_bstrap_proxy bin/hydra_pmi_proxy
-       opt/mpi/etc/coll.fatbin)
+       bin/IMB-MPI1-GPU opt/mpi/etc/coll.fatbin)
 for f in "$src"/opt/mpi/etc/*.conf "$src"/opt/mpi/etc/tuning_*_shm.dat; do
     [ -e "$f" ] && files+=("${f#"$src"/}")
 done

@@ -42,7 +42,8 @@
 # (default "2 3 4"), MPIREDIST_SYSTEM_RANKS (default "2"),
 # MPIREDIST_IMPI_RANKS (Intel MPI, default "2 4"), MPIREDIST_IMPI_VERSION
 # (the impi-rt wheel, default 2021.18.1), MPIREDIST_IMPI_VENV (default
-# .venv-impi),
+# .venv-impi), MPIREDIST_IMPI_TIMEOUT (seconds per Intel MPI stage, default
+# 900),
 # MPIREDIST_LIMIT_RANKS (rank count of the count-limit stages, default 3;
 # empty skips them), MPIREDIST_LIMIT_MEMORY_RANKS (PyPI MPICH's count-limit
 # memory stage, default 8; empty skips it), MPIREDIST_CROSS_RANKS (further rank counts of the
@@ -77,6 +78,7 @@ RANKS="${MPIREDIST_TEST_RANKS:-1 2 3 4 8}"
 OMPI_RANKS="${MPIREDIST_OMPI_RANKS:-2 3 4}"
 SYSTEM_RANKS="${MPIREDIST_SYSTEM_RANKS:-2}"
 IMPI_RANKS="${MPIREDIST_IMPI_RANKS:-2 4}"
+IMPI_TIMEOUT="${MPIREDIST_IMPI_TIMEOUT:-900}"
 LIMIT_RANKS="${MPIREDIST_LIMIT_RANKS-3}"
 LIMIT_MEMORY_RANKS="${MPIREDIST_LIMIT_MEMORY_RANKS-8}"
 CROSS_RANKS="${MPIREDIST_CROSS_RANKS-6}"
@@ -367,11 +369,16 @@ fi
 
 # Intel MPI (the impi-rt wheel): the library loaded must be the wheel's
 # (IMPI_LIBMPI), checked by the set-up stage; the failure tests only when
-# the suite passed.
+# the suite passed.  Its stages have a timeout of their own: on this 2-core
+# machine with other jobs on it the suite at 2 ranks took 274-410 s under
+# Intel MPI against 131 s under PyPI MPICH run just after it: its shared-
+# memory path moves large messages far slower when the cores are busy (an
+# 8 MiB Issend ring at 2 ranks: 149-578 ms a round against 9-23 ms).
 if has_mpi intelmpi; then
     if mpi_setup_stage intelmpi setup_intelmpi IMPI_LIBMPI; then
         impi_failed="$FAILED"; FAILED=0
-        mpi_stages intelmpi "$IMPI_RANKS" no-large "${NO_ARRAYS[@]}" "$@"
+        MPI_TIMEOUT="$IMPI_TIMEOUT" mpi_stages intelmpi "$IMPI_RANKS" no-large \
+            "${NO_ARRAYS[@]}" "$@"
         if [ "$FAILED" = 0 ]; then
             failure_stage "intelmpi failures" "${MPI_LAUNCH[0]%/mpiexec.hydra}/python" \
                 "${MPI_LAUNCH[@]}"

@@ -23,7 +23,7 @@
 #            mpi4py wheel (.venv-sysmpich): tests/mpi at 2 ranks
 #   intelmpi Intel MPI from PyPI (impi-rt, .venv-impi; shared-memory fabric,
 #            the wheel's mpiexec.hydra): tests/mpi at 2 and 4 ranks, then
-#            tests/test_failure.py under its mpiexec.hydra
+#            tests/test_failure.py under its mpiexec.hydra when those pass
 #
 # then a real single-node Slurm (scripts/slurm_ci.sh): the templates in
 # slurm/ submitted with sbatch --wait, their outputs checked, and the

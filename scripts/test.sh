@@ -370,10 +370,12 @@ fi
 # Intel MPI (the impi-rt wheel): the library loaded must be the wheel's
 # (IMPI_LIBMPI), checked by the set-up stage; the failure tests only when
 # the suite passed.  Its stages have a timeout of their own: on this 2-core
-# machine with other jobs on it the suite at 2 ranks took 274-410 s under
-# Intel MPI against 131 s under PyPI MPICH run just after it: its shared-
-# memory path moves large messages far slower when the cores are busy (an
-# 8 MiB Issend ring at 2 ranks: 149-578 ms a round against 9-23 ms).
+# machine the suite at 2 ranks took 167 s under Intel MPI against 76 s under
+# PyPI MPICH run just after it (other jobs' load 5-6), and 274-410 s against
+# 131 s with load 11-21 (at 4 ranks: 133 s, 347 s); its shared-memory path
+# moves large messages slower, far slower when the cores are busy (an 8 MiB
+# Issend ring at 2 ranks: 11 ms a round against 3 ms, 149-578 ms against
+# 9-23 ms).
 if has_mpi intelmpi; then
     if mpi_setup_stage intelmpi setup_intelmpi IMPI_LIBMPI; then
         impi_failed="$FAILED"; FAILED=0

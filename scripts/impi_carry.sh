@@ -22,6 +22,9 @@
 #   bin/mpiexec.hydra, bin/hydra_bstrap_proxy, bin/hydra_pmi_proxy
 #                          the launcher and the two programs it starts on one
 #                          node (strace -f -e execve)
+#   bin/mpiexec            a two-line script that execs mpiexec.hydra (the
+#                          wheel's bin/mpiexec is a 4.6 MB copy of it), for
+#                          scripts that look for `mpiexec` on PATH
 #   bin/IMB-MPI1-GPU       Intel's MPI benchmarks on device buffers (it
 #                          dlopens libcudart.so): a probe of the library's
 #                          own device bandwidth, apart from mpiredist
@@ -84,6 +87,9 @@ for f in "${files[@]}"; do
         fi
     fi
 done
+# shellcheck disable=SC2016  # written as is, expanded when it runs
+printf '#!/bin/sh\nexec "$(dirname "$0")/mpiexec.hydra" "$@"\n' > "$DEST/bin/mpiexec"
+chmod 755 "$DEST/bin/mpiexec"
 echo "impi-rt $VERSION" > "$DEST/VERSION"
 (cd "$DEST" && find . -type f ! -name MANIFEST | sort \
     | while read -r f; do printf '%10s %s %s\n' "$(stat -c %s "$f")" \

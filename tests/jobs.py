@@ -4,8 +4,8 @@
 the first on ``PATH``, else None.  :func:`job_env`: the environment of such a
 job -- this checkout first on ``PYTHONPATH``, and, when the ranks outnumber
 the cores, the same yield settings as ``mpi_oversubscription_env`` in
-``scripts/common.sh`` (MPICH's heavy yield, Open MPI's yield when idle; see
-there for the measurements).  A value already in the environment wins.
+``scripts/common.sh`` (MPICH's heavy yield, Open MPI's yield when idle, Intel
+MPI's sleeping yield; see there for the measurements).  A value already in the environment wins.
 """
 
 import os
@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = shutil.which("mpiexec", path=os.pathsep.join(
     [str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 
-YIELD = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "OMPI_MCA_mpi_yield_when_idle": "1"}
+YIELD = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "OMPI_MCA_mpi_yield_when_idle": "1",
+         "I_MPI_THREAD_YIELD": "3"}
 
 
 def job_env(ranks, **extra):

@@ -37,6 +37,11 @@ exist; checked again after the timing; ``bcast`` is left out):
 ``group``      one :class:`~mpiredist.TransferGroup` made once, ``g.run(blocks)``
                (its default W, or ``--workspace`` MiB: a larger W makes
                fewer buckets, each one ``Alltoallv``, and raises the bound);
+``group-gloo`` the same TransferGroup on the same ranks over torch.distributed
+               (gloo, set up over the MPI ranks; the meshes' ``comm`` the
+               default group's :class:`~mpiredist.runtime.torchdist.TorchGroup`):
+               what a torchrun job gets, side by side with MPI (not in the
+               default strategies: it needs torch);
 ``loop``       one checked :class:`~mpiredist.Transfer` per tensor, made once,
                each ``t.run(block)`` in turn (what a per-parameter loop does);
 ``unchecked``  the same with ``checked=False`` (no agreement per run);
@@ -210,6 +215,20 @@ def main(argv=None):
             add("group", run_group, lambda: g.calls - before[0], lambda: g.kept_bytes, g.free)
             bound = comm.allreduce(g.bound, op=MPI.MAX)
             buckets, workspace = g.buckets, g.workspace_bytes
+        if "group-gloo" in strategies:
+            torch_world = _gloo_world(comm)
+            on_torch = (mr.Mesh(case["mesh"], comm=torch_world, ranks=case["ranks"]),
+                        mr.Mesh((case["dst_mesh"] or case["mesh"]), comm=torch_world,
+                                ranks=case["dst_ranks"] if case["dst_mesh"] else case["ranks"]))
+            gg = mr.TransferGroup(items, *on_torch, workspace_bytes=None if args.workspace
+                                  is None else int(args.workspace * (1 << 20)))
+            before_gg = [0]
+
+            def run_gloo(out):
+                before_gg[0] = gg.calls
+                return gg.run(blocks, out=out)
+            add("group-gloo", run_gloo, lambda: gg.calls - before_gg[0], lambda: gg.kept_bytes,
+                gg.free)
         for strategy, checked in (("loop", True), ("unchecked", False)):
             if strategy not in strategies:
                 continue
@@ -257,6 +276,25 @@ def main(argv=None):
     if rank == 0:
         _report(args, p, rows)
     return 1 if bad else 0
+
+
+def _gloo_world(comm):
+    """torch.distributed's default group (gloo) over the MPI ranks, as a transport
+    group (made once)."""
+    import socket
+
+    import torch.distributed as dist
+
+    from mpiredist.runtime import torchdist
+    if not dist.is_initialized():
+        port = None
+        if comm.Get_rank() == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{comm.bcast(port)}",
+                                rank=comm.Get_rank(), world_size=comm.Get_size())
+    return torchdist.world()
 
 
 def _measure(comm, made, check, args):

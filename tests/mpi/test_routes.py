@@ -242,7 +242,8 @@ def _mistakes():
                                                       dst_mesh=OTHER)})
         # ranks past the first half are outside FEW; they pass a block all the same
         few_src = "[{p}, {}]"
-        few_block = np.zeros((-(-SHAPE[0] // FEW.size), 3), "float32")
+        mine = mr.DistArray.from_global(np.zeros(SHAPE, "float32"), FEW, few_src).local
+        few_block = np.zeros((1, 3), "float32") if mine is None else mine
         table["a rank outside the source mesh passing a block"] = (
             mr.ShapeError, "outside the source mesh", {
                 "redistribute": lambda: mr.redistribute(few_block, SHAPE, FEW, few_src,

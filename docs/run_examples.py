@@ -20,7 +20,9 @@ ones that need ranks), unless ``--no-docstrings``.
 
 A Python block runs under ``mpiexec -n N python -m mpi4py`` when its first
 line is a comment naming the launch, ``# mpiexec -n N ...`` (or
-``mpirun``), and as plain ``python`` otherwise; ``-m mpi4py`` ends the whole
+``mpirun``), under ``torchrun --nproc-per-node N`` (this Python's, no MPI)
+when it names that, ``# torchrun --nproc-per-node N ...``, and as plain
+``python`` otherwise; ``-m mpi4py`` ends the whole
 job when one rank raises.  Shell blocks run with ``bash -e -o pipefail``.
 Each block runs alone, in a fresh temporary folder, with this Python's
 folder first on ``PATH`` (its ``python`` and ``mpiexec``: the venv's PyPI
@@ -46,6 +48,7 @@ PYTHON = ("python", "py", "python3")
 SHELL = ("bash", "sh", "shell")
 FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 LAUNCH = re.compile(r"^#\s*(?:mpiexec|mpirun)\s+(?:\S+\s+)*?-n\s+(?P<n>\d+)\b")
+TORCHRUN = re.compile(r"^#\s*torchrun\s+(?:\S+\s+)*?--nproc[-_]per[-_]node[ =](?P<n>\d+)\b")
 # generated or vendored pages: no examples of ours
 SKIP_DIRS = ("_build", "_generated", os.path.join("api", "generated"))
 
@@ -66,10 +69,19 @@ class Block:
 
     @property
     def ranks(self):
-        """Ranks of a Python block: ``# mpiexec -n N`` on its first line, else 1."""
-        first = self.text.lstrip("\n").split("\n", 1)[0]
-        m = LAUNCH.match(first.strip())
+        """Ranks of a Python block: ``# mpiexec -n N`` (or ``# torchrun
+        --nproc-per-node N``) on its first line, else 1."""
+        m = LAUNCH.match(self._first) or TORCHRUN.match(self._first)
         return int(m.group("n")) if m else 1
+
+    @property
+    def torchrun(self):
+        """True when the block's first line names torchrun as its launcher."""
+        return bool(TORCHRUN.match(self._first))
+
+    @property
+    def _first(self):
+        return self.text.lstrip("\n").split("\n", 1)[0].strip()
 
 
 def default_files():
@@ -149,6 +161,10 @@ def command(block, folder, mpiexec):
     path = os.path.join(folder, "example.py")
     with open(path, "w", encoding="utf-8") as f:
         f.write(block.text)
+    if block.torchrun:
+        torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        return [torchrun, "--nproc-per-node", str(block.ranks), "--monitor-interval", "0.1",
+                path]
     if block.ranks == 1:
         return [sys.executable, path]
     return [mpiexec, "-n", str(block.ranks), sys.executable, "-m", "mpi4py", path]
@@ -260,7 +276,9 @@ def main(argv=None):
         by_language[key] = by_language.get(key, 0) + 1
     print(f"{len(found)} examples in {len(files)} files: {len(ran)} run ("
           + ", ".join(f"{n} {k}" for k, n in sorted(by_language.items()))
-          + f"; {sum(b.ranks > 1 for b in ran if b.language in PYTHON)} under mpiexec), "
+          + f"; {sum(b.ranks > 1 and not b.torchrun for b in ran if b.language in PYTHON)}"
+          + f" under mpiexec, {sum(b.torchrun for b in ran if b.language in PYTHON)}"
+          + " under torchrun), "
           f"{len(norun)} marked norun, {len(skipped)} skipped for a missing module")
     if failed:
         print("failed: " + ", ".join(b.where for b in failed))

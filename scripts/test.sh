@@ -316,12 +316,14 @@ array_stages() {
         mpi_stage "mpich np=$n jax processes" "$n" "$MPI_TIMEOUT" \
             "JAX_PLATFORMS=cpu" "${JAX_PROCESS_TESTS[@]}" "$@"
     done
-    header "gpu check on a CPU: bash scripts/gpu_check.sh --fake (2 ranks)"
+    header "gpu check on a CPU: bash scripts/gpu_check.sh --fake (gpu_check.py, gpu_sizes.py at 2 ranks, nccl_check.py over gloo)"
     t="$(now)"
     rc=0
     timeout "$MPI_TIMEOUT" env MPIREDIST_GPU_RANKS=2 MPIREDIST_GPU_SCALE=128 \
-        PYTHON=python bash scripts/gpu_check.sh --fake > "$LOGROOT/gpu_check.txt" 2>&1 || rc=$?
-    grep -E "^gpu_check|geomean" "$LOGROOT/gpu_check.txt" || tail -n 20 "$LOGROOT/gpu_check.txt"
+        OUT="$LOGROOT/gpu" PYTHON=python bash scripts/gpu_check.sh --fake \
+        > "$LOGROOT/gpu_check.txt" 2>&1 || rc=$?
+    sed -n '/^gpu_check.sh summary/,$p' "$LOGROOT/gpu_check.txt" | grep . \
+        || tail -n 20 "$LOGROOT/gpu_check.txt"
     finish "gpu check (fake)" "$rc" "$t" "rc"
 }
 TORCH_VERSION="${MPIREDIST_TORCH_VERSION:-2.13.0+cpu}"

@@ -120,6 +120,15 @@ def zeros(shape, dtype=float):
     return _made(np.zeros(shape, dtype))
 
 
+def empty_like(a):
+    return empty(a.shape, a.dtype)
+
+
+def copyto(dst, src):
+    """A device-to-device copy (``cupy.copyto``)."""
+    np.copyto(dst.view(np.ndarray), np.asarray(src).view(np.ndarray))
+
+
 def ascontiguousarray(a):
     if a.flags.c_contiguous:
         return a

@@ -96,16 +96,24 @@ def bytes_as(buffer, at, dtype, shape):
     return buffer[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
 
 
+# Bytes copied between host and device memory by mpiredist (copy_into) in this
+# process: what a staged device run touches on the host; none when aware.
+HOST_DEVICE_BYTES = [0]
+
+
 def copy_into(dst, src):
     """``dst[...] = src`` between any two of host and device arrays of one shape:
     host to host in place, device to host by ``get(out=)`` (a host ``dst``
     that is C-contiguous, as a ring span is), host to device by ``set`` (a
     contiguous ``dst``) or through a device copy of ``src``, device to
-    device in place.  Waits for the device (a ring span is reused after)."""
+    device in place.  Waits for the device (a ring span is reused after).
+    Bytes between host and device count in :data:`HOST_DEVICE_BYTES`."""
     if type(dst) is np.ndarray and type(src) is np.ndarray:    # host, no subclass: at once
         dst[...] = src
         return
     to_gpu, from_gpu = is_gpu(dst), is_gpu(src)
+    if to_gpu != from_gpu:
+        HOST_DEVICE_BYTES[0] += dst.nbytes
     if not to_gpu and not from_gpu:
         dst[...] = src
     elif not to_gpu:

@@ -48,10 +48,11 @@ def gpu_aware(base, what):
     rank when they cannot run at all (not aware, and staging forbidden)."""
     aware, staging = gpu_support(base)
     if not aware and not staging:
+        hint = getattr(base, "aware_hint", "")
         raise ShapeError(f"{what}: device arrays, but the transport does not take device "
                          "buffers (the MPI library is not CUDA-aware: MPIX_Query_cuda_support, "
                          "or MPIREDIST_GPU_AWARE=0) and MPIREDIST_GPU_STAGING=0 forbids "
-                         "staging through host memory")
+                         f"staging through host memory{'; ' + hint if hint else ''}")
     return aware
 
 

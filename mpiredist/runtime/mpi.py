@@ -40,8 +40,8 @@ from ..core.blocks import offsets
 from ..planning.planner import mpi_reduces
 from .transport import Group, Strided
 
-__all__ = ["mpi", "MpiGroup", "group_of", "world", "free_all", "cuda_aware", "count_limit",
-           "INT_MAX", "LIMIT_ENV", "AWARE_ENV"]
+__all__ = ["mpi", "MpiGroup", "group_of", "world", "free_all", "cuda_aware", "cuda_aware_hint",
+           "count_limit", "INT_MAX", "LIMIT_ENV", "AWARE_ENV"]
 
 INT_MAX = (1 << 31) - 1
 LIMIT_ENV = "MPIREDIST_COUNT_LIMIT"
@@ -342,6 +342,11 @@ class MpiGroup(Group):
     def device_aware(self):
         return cuda_aware()
 
+    @property
+    def aware_hint(self):
+        """What would make the library take device buffers (:func:`cuda_aware_hint`)."""
+        return cuda_aware_hint()
+
 
 # ------------------------------------------------------------ user communicators
 
@@ -439,8 +444,11 @@ def free_all():
 def cuda_aware():
     """This process's MPI library takes CUDA device pointers: ``MPIREDIST_GPU_AWARE``
     (0 or 1) when set, else ``MPIX_Query_cuda_support()`` of the loaded
-    library (Open MPI and MPICH have it; mpi4py does not expose it, so it is
-    looked up with ctypes), else False."""
+    library (Open MPI, MPICH and Intel MPI have it; mpi4py does not expose
+    it, so it is looked up with ctypes), else False.  Intel MPI answers 1
+    only when its GPU layer started: ``I_MPI_OFFLOAD=1`` (and
+    ``I_MPI_OFFLOAD_MODE=cuda`` on NVIDIA) set before MPI starts
+    (:func:`cuda_aware_hint`)."""
     value = os.environ.get(AWARE_ENV, "").strip()
     if value:
         return value not in ("0", "false", "no")
@@ -458,3 +466,20 @@ def cuda_aware():
             query.restype = ctypes.c_int
             return bool(query())
     return False
+
+
+def cuda_aware_hint():
+    """What would make this MPI library take device buffers, as one line, or
+    ``""``: Intel MPI's offload settings where it runs without them (mpiredist
+    never sets them itself: they must be there before ``MPI_Init``, and
+    without a GPU they make it fail)."""
+    if os.environ.get("I_MPI_OFFLOAD", "").strip() in ("1", "yes", "on", "enable"):
+        return ""
+    try:
+        version = mpi().Get_library_version()
+    except ImportError:
+        return ""
+    if "Intel" not in version:
+        return ""
+    return ("Intel MPI takes CUDA buffers with I_MPI_OFFLOAD=1 I_MPI_OFFLOAD_MODE=cuda set "
+            "before the job starts")

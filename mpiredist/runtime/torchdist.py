@@ -199,8 +199,19 @@ class TorchGroup(Group):
         return request
 
     def _flush(self):
-        """Start the operations posted since the last wait, as one batch."""
+        """Start the operations posted since the last wait, as one batch (the
+        messages of this rank to itself matched here, in posting order, and
+        copied: gloo and NCCL take no peer that is the rank itself)."""
         pending, self._pending = self._pending, []
+        me = self._global(self.rank)
+        sends = [r for r in pending if r.op.peer == me and r.op.op is self.dist.isend]
+        recvs = [r for r in pending if r.op.peer == me and r.op.op is not self.dist.isend]
+        for send, recv in zip(sends, recvs):
+            recv.op.tensor.copy_(send.op.tensor)
+        if len(sends) != len(recvs):
+            raise RuntimeError(f"{len(sends)} message(s) of rank {self.rank} to itself and "
+                               f"{len(recvs)} receive(s) from itself in one batch")
+        pending = [r for r in pending if r.op.peer != me]
         if not pending:
             return
         works = self.dist.batch_isend_irecv([r.op for r in pending])
@@ -214,6 +225,9 @@ class TorchGroup(Group):
 
     def wait_some(self, requests):
         self._flush()
+        local = [i for i, r in enumerate(requests) if r.work is None]
+        if local:                               # messages to itself: done at the flush
+            return local
         if self.backend == "nccl":
             while True:
                 done = [i for i, r in enumerate(requests) if r.work.is_completed()]
@@ -232,7 +246,7 @@ class TorchGroup(Group):
         for r in requests:
             if r.future is not None:
                 r.future.result()
-            else:
+            elif r.work is not None:            # None: a message to itself, done
                 r.work.wait()
 
     # ------------------------------------------------------- structure

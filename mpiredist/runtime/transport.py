@@ -99,6 +99,7 @@ class Group:
     count_limit = 1 << 62   # bytes in one message, at most
     strided = False         # takes Strided messages
     device_aware = False    # takes device (CUDA) buffers itself, on this rank
+    aware_hint = ""         # what would make it take them (a line for error messages)
     errors = ()             # the transport's own exception classes (CommunicationError)
 
     # ------------------------------------------------------- collectives

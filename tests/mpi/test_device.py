@@ -206,6 +206,19 @@ def test_staging_forbidden_raises_everywhere(monkeypatch):
         fakecupy.uninstall(before)
 
 
+def test_the_hint_names_intel_mpis_offload_settings(monkeypatch):
+    """Under Intel MPI without I_MPI_OFFLOAD the error says how to turn it on;
+    under another library, or with it set, there is no hint."""
+    from mpiredist.runtime import mpi
+    monkeypatch.delenv("I_MPI_OFFLOAD", raising=False)
+    intel = "Intel" in mpi.mpi().Get_library_version()
+    hint = mpi.cuda_aware_hint()
+    all_ok(COMM, ("I_MPI_OFFLOAD=1 I_MPI_OFFLOAD_MODE=cuda" in hint) == intel,
+           f"hint {hint!r} under {mpi.mpi().Get_library_version()[:40]!r}")
+    monkeypatch.setenv("I_MPI_OFFLOAD", "1")
+    all_ok(COMM, mpi.cuda_aware_hint() == "", "no hint once offload is on")
+
+
 def test_cuda_awareness_is_agreed(monkeypatch):
     """One rank that says its MPI is not CUDA-aware makes every rank stage."""
     from mpiredist.runtime.devices import gpu_support

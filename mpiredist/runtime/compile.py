@@ -123,7 +123,10 @@ def transfer_of_plan(plan, mesh, donate, workspace, checked, executor):
         check_size(mesh, base_group(mesh))
         if mesh.axes != plan.mesh.axes:
             raise MeshError(f"plan on mesh {plan.mesh} given mesh {mesh}")
-        w = check_call(plan.strategy, workspace, donate, checked)
+        # the plan is given: its strategy names how it was made (XLA's plans
+        # too), not a choice of the planner's to check
+        w = check_workspace(workspace)
+        check_options(donate, checked)
         return w, dict(plan=repr(plan.steps), mesh=repr(mesh), shape=plan.global_shape,
                        dtype=plan.dtype, donate=bool(donate), workspace=w, executor=executor)
 

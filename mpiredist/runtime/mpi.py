@@ -169,13 +169,14 @@ class MpiGroup(Group):
         send_at, recv_at = offsets(send_counts), offsets(recv_counts)
         recv[recv_at[me]:recv_at[me] + recv_counts[me]] = \
             send[send_at[me]:send_at[me] + send_counts[me]]
-        self._messages([(p, send[send_at[p]:send_at[p] + send_counts[p]]) for p in range(n)
-                        if p != me and send_counts[p]],
-                       [(p, recv[recv_at[p]:recv_at[p] + recv_counts[p]]) for p in range(n)
-                        if p != me and recv_counts[p]])
+        return self._messages([(p, send[send_at[p]:send_at[p] + send_counts[p]])
+                               for p in range(n) if p != me and send_counts[p]],
+                              [(p, recv[recv_at[p]:recv_at[p] + recv_counts[p]])
+                               for p in range(n) if p != me and recv_counts[p]])
 
     def _messages(self, sends, recvs):
-        """``(peer, array)`` messages of their own, posted together, waited for."""
+        """``(peer, array)`` messages of their own, posted together, waited for;
+        returns how many were posted (the calls of a collective that went so)."""
         requests, types = [], []
         for post, pairs in ((self.comm.Irecv, recvs), (self.comm.Isend, sends)):
             for peer, view in pairs:
@@ -184,6 +185,7 @@ class MpiGroup(Group):
                 types.extend(made)
         self.MPI.Request.Waitall(requests)
         self._free(types)
+        return len(requests)
 
     def allgather(self, own, out, counts):
         MPI, me = self.MPI, self.rank
@@ -209,10 +211,12 @@ class MpiGroup(Group):
         else:                               # displacements past the limit: messages
             flat = _flat(out)
             mine = flat[at[me]:at[me] + counts[me]]
-            self._messages([(p, mine) for p in range(self.size) if p != me and counts[me]],
-                           [(p, flat[at[p]:at[p] + counts[p]]) for p in range(self.size)
-                            if p != me and counts[p]])
+            return self._messages(
+                [(p, mine) for p in range(self.size) if p != me and counts[me]],
+                [(p, flat[at[p]:at[p] + counts[p]]) for p in range(self.size)
+                 if p != me and counts[p]])
         self._free(types)
+        return 1
 
     def allreduce(self, send, recv, op):
         t = self._typed(recv)

@@ -230,9 +230,8 @@ def _all_gather(ctx, mem, index, step):
     inner = math.prod(shape[d + 1:]) * ctx.itemsize
     if all(n == 1 for n in step.local_shape_after[:d]):
         if math.prod(shape):
-            ctx.calls += 1
-            group.allgather(None if placed else own.view(), out,
-                            [n * inner for _, n in slots])
+            ctx.calls += group.allgather(None if placed else own.view(), out,
+                                         [n * inner for _, n in slots]) or 1
     else:
         target = Region(out)
 
@@ -344,11 +343,11 @@ def move_once(ctx, group, plan, source, target):
         packed[at:at + k].reshape(shape)[...] = src[index]
     sent = plan.sent
     back = packed[sent:]
-    ctx.calls += 1
     if plan.even:
-        group.alltoall(packed[:sent], back)
+        ctx.calls += group.alltoall(packed[:sent], back) or 1
     else:
-        group.alltoallv(packed[:sent], plan.send_bytes, back, plan.recv_bytes)
+        ctx.calls += group.alltoallv(packed[:sent], plan.send_bytes, back,
+                                     plan.recv_bytes) or 1
     for at, k, shape, index in plan.unpacks:
         dst[index] = back[at:at + k].reshape(shape)
 
@@ -433,8 +432,8 @@ def _reduce_then_gather(ctx, mem, group, flat, whole):
     boxes = {m: ((bounds[m],), (bounds[m + 1] - bounds[m],)) for m in range(g)}
     reduce_by_parts(ctx, group, Region(flat), boxes, Region(whole, *boxes[me]),
                     ctx.combiner(ctx.plan.src.op), False, reduction_rings(ctx, mem.room))
-    ctx.calls += 1
-    group.allgather(None, whole, [(bounds[m + 1] - bounds[m]) * size for m in range(g)])
+    ctx.calls += group.allgather(None, whole,
+                                 [(bounds[m + 1] - bounds[m]) * size for m in range(g)]) or 1
 
 
 def _permute(ctx, mem, index, step):

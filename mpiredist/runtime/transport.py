@@ -47,6 +47,11 @@ op)``                      (``c[m]`` elements); ``r`` None: into the front of ``
 ``free()``                 release the group (local)
 ========================== ==============================================================
 
+The collectives may return how many calls they made on the wire (a
+collective that a transport carries out as point-to-point messages, such
+as MPI's all-gather whose displacements pass the count limit); None
+counts one.  The steps add it to their records' ``calls``.
+
 Point-to-point messages between one pair of ranks are matched in the order
 they were posted (MPI's non-overtaking rule): the pipeline of
 :mod:`mpiredist.runtime.p2p` relies on it.  A message buffer is either an

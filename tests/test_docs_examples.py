@@ -67,6 +67,17 @@ def test_blocks_languages_options_and_ranks(tmp_path):
     assert blocks[4].options == {"timeout": "30"}
 
 
+def test_a_torchrun_block_names_its_workers(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```python\n# torchrun --nproc-per-node 3 this.py\nimport torch\n```\n"
+                    "```python\n# mpiexec -n 2 python this.py\n```\n")
+    torchrun, mpi = run_examples.blocks(str(page))
+    assert (torchrun.ranks, torchrun.torchrun) == (3, True)
+    assert (mpi.ranks, mpi.torchrun) == (2, False)
+    assert run_examples.command(torchrun, str(tmp_path), "mpiexec")[1:3] == \
+        ["--nproc-per-node", "3"]
+
+
 def test_runs_what_is_runnable_and_counts(tmp_path, capsys):
     if shutil.which("mpiexec", path=os.path.dirname(sys.executable)) is None:
         pytest.skip("no mpiexec beside this Python (pip install mpich)")
@@ -74,8 +85,8 @@ def test_runs_what_is_runnable_and_counts(tmp_path, capsys):
     page.write_text(PAGE)
     assert run_examples.main([str(page)]) == 0
     out = capsys.readouterr().out
-    assert "5 examples in 1 files: 3 run (2 python, 1 shell; 1 under mpiexec), " \
-           "1 marked norun, 1 skipped for a missing module" in out
+    assert "5 examples in 1 files: 3 run (2 python, 1 shell; 1 under mpiexec, " \
+           "0 under torchrun), 1 marked norun, 1 skipped for a missing module" in out
     assert out.rstrip().endswith("examples: 3 passed, 0 failed, 2 skipped")
 
 

@@ -91,11 +91,17 @@ def write_api_pages(app):
         target = obj.__name__ if kind == "module" else f"mpiredist.{name}"
         title = f"mpiredist.{name}"
         lines = [title, "=" * len(title), ""]
+        shared = _shared_members(obj) if kind == "module" else {}
         if kind == "module":
             lines += [f"``mpiredist.{name}`` is the module ``{obj.__name__}``.", ""]
+        if shared:
+            lines += ["Documented under their top-level names: " + ", ".join(
+                f":obj:`{name}.{m} <mpiredist.{top}>`" for m, top in shared.items()) + ".", ""]
         lines += [f".. {DIRECTIVES[kind]}:: {target}"]
         if kind == "class":
             lines += ["   :special-members: __call__, __enter__, __exit__"]
+        if shared:
+            lines += ["   :exclude-members: " + ", ".join(shared)]
         _write(os.path.join(out, f"{name}.rst"), "\n".join(lines) + "\n")
     index = ["API reference", "=============", "",
              "Every public name of ``mpiredist`` (its ``__all__``), from the docstrings.",
@@ -110,6 +116,18 @@ def write_api_pages(app):
     stale = {f[:-4] for f in os.listdir(out) if f.endswith(".rst")} - set(mpiredist.__all__)
     for name in stale - {"index"}:
         os.remove(os.path.join(out, f"{name}.rst"))
+
+
+def _shared_members(module):
+    """A public module's members that are also top-level names: {member: name}.
+
+    ``mr.checkpoint.save`` is ``mr.save``: documented once, on the top-level
+    page, so that every object has one anchor (viewcode's source links point
+    at one place, and no page links to an id another page holds).
+    """
+    top = {id(getattr(mpiredist, n)): n for n in mpiredist.__all__}
+    return {m: top[id(getattr(module, m))] for m in getattr(module, "__all__", ())
+            if id(getattr(module, m, None)) in top}
 
 
 def _write(path, text):

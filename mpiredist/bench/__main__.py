@@ -226,7 +226,7 @@ def main(argv=None, comm=None):
         from . import multinode
         if args.link_rate is not None:
             try:
-                nodes.parse_rate(args.link_rate)
+                multinode.parse_rate(args.link_rate)
             except ValueError as exc:
                 return _fail(exc, root=_is_root(comm))
         return multinode.run(mpi().COMM_WORLD if comm is None else comm, args)

@@ -162,12 +162,17 @@ def one_call(ctx, step, room):
 
     For small blocks, where each message costs a latency: taken when both
     packed sides fit the pack room (twice the largest block) and the block
-    is at most ``ONE_CALL_MAX``, from the plan and the budget alone.
+    is at most ``ONE_CALL_MAX`` and the transport's ``count_limit``, from
+    the plan and the budget alone: a rank's packed sides are at most its
+    largest block, so either every rank's fit one call or none is tried (one
+    rank's own sums must never pick the call: under Intel MPI a rank in
+    ``Alltoallv`` beside ranks sending messages hung).
     ``"even"``: an all-to-all whose pieces all have one size (every dim
     divides evenly in both layouts), sent with ``Alltoall``; else ``"v"``.
     """
     most = max(math.prod(step.local_shape_before), math.prod(step.local_shape_after))
-    if not (2 * most * ctx.itemsize <= room and most * ctx.itemsize <= ONE_CALL_MAX):
+    most *= ctx.itemsize
+    if not (2 * most <= room and most <= min(ONE_CALL_MAX, ctx.count_limit)):
         return False
     even = step.op == "all_to_all" and divides_evenly(ctx.plan.step_shape,
                                                       (step.before, step.after))

@@ -24,6 +24,8 @@ operation                  meaning
 ``alltoall(s, r)``         equal parts: part m of ``s`` to member m, member m's into
                            part m of ``r``
 ``alltoallv(s, sc, r, rc)``parts of ``sc[m]`` bytes to member m, ``rc[m]`` from it
+                           (each member's totals within ``count_limit``: callers
+                           cut larger moves from the plan, alike on every rank)
 ``allgather(own, out, c)`` member m's ``c[m]`` bytes into its part of ``out``;
                            ``own`` None: this rank's part of ``out`` holds them
 ``allreduce(s, r, op)``    ``r = op(s over members)``; ``s`` None: in place on ``r``

@@ -72,3 +72,14 @@ def test_link_rates_parse_as_tc_writes_them():
     for bad in ("fast", "-1gbit", "0"):
         with pytest.raises(ValueError):
             nodes.parse_rate(bad)
+
+
+def test_a_bad_link_rate_is_refused_by_the_command(comm, capsys):
+    """``python -m mpiredist.bench --nodes --link-rate fast``: exit status 2 and
+    one line on rank 0, before anything runs (the command line, not only
+    parse_rate: a renamed module left this path raising NameError)."""
+    from mpiredist.bench.__main__ import main
+    rc = main(["--nodes", "--link-rate", "fast", "--no-progress"], comm=comm)
+    err = capsys.readouterr().err
+    all_ok(comm, rc == 2, f"rc {rc}")
+    all_ok(comm, ("link rate 'fast'" in err) == (comm.rank == 0), err)

@@ -154,6 +154,7 @@ class TransferGroup(Job):
             bounds += [max(_size(s), _size(t)) * dtype.itemsize for s, t in zip(sources, targets)]
         self._workspace = w = workspace_for(int(bounds.max(initial=0))) if w is None else w
         self._keep = Keep()
+        self._bound = None
         (self._buckets, self._alone, self._room,
          self._alone_workspace) = _split_workspace([shapes[key][2] for key in parsed], w, size,
                                                    self._lib.count_limit)
@@ -229,12 +230,14 @@ class TransferGroup(Job):
     @property
     def bound(self):
         """This rank's memory bound: sum over items of max(S_i, T_i), plus W (bytes)."""
-        total = 0
-        for i in self._items:
-            s, t = i.source_shape, i.target_shape
-            sizes = [math.prod(x) * i.dtype.itemsize for x in (s, t) if x is not None]
-            total += max(sizes + [0])
-        return total + self._workspace
+        if self._bound is None:             # worked out once: every run's memory check reads it
+            total = 0
+            for i in self._items:
+                s, t = i.source_shape, i.target_shape
+                sizes = [math.prod(x) * i.dtype.itemsize for x in (s, t) if x is not None]
+                total += max(sizes + [0])
+            self._bound = total + self._workspace
+        return self._bound
 
     @property
     def bytes_sent(self):

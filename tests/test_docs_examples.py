@@ -127,6 +127,6 @@ def test_readme_is_short_and_its_quick_start_runs_at_4_ranks():
     # the two set-up commands, exactly as the CI entry point and the main job know them
     assert "bash scripts/bench.sh     # main job: install, then the benchmark on 8 ranks " \
            "(mpiexec -n 8)" in text
-    assert "bash scripts/test.sh      # install, then all tests: serial, then tests/mpi " \
-           "under three MPIs" in text
+    assert "bash scripts/test.sh      # install, then all tests: serial, tests/mpi " \
+           "under four MPIs, torchrun" in text
     assert re.search(r"pip install \"mpiredist\[mpich\]\"", text)

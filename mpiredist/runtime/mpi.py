@@ -35,7 +35,7 @@ import weakref
 
 import numpy as np
 
-from ..core.backend import c_contiguous, is_gpu, synchronize
+from ..core.backend import is_gpu, synchronize
 from ..core.blocks import offsets
 from ..planning.planner import mpi_reduces
 from .transport import Group, Strided
@@ -187,15 +187,14 @@ class MpiGroup(Group):
         at = offsets(counts)
         even = len(set(counts)) == 1
         fits = at[-1] + counts[-1] <= self.count_limit
-        if own is not None and (not c_contiguous(own) or not (even or fits)):
+        if own is not None:
+            # into this rank's slot first, then in place on every rank: MPI
+            # wants MPI_IN_PLACE at all ranks or none, and whether ``own`` is
+            # contiguous is this rank's own (uneven blocks); MPI would copy
+            # the send buffer into the slot itself
             _flat(out)[at[me]:at[me] + counts[me]].view(own.dtype).reshape(
                 own.shape)[...] = own
-            own = None
-        types = ()
-        if own is None:
-            send = MPI.IN_PLACE
-        else:
-            send, types = self._message(own)
+        send = MPI.IN_PLACE
         self._ready(out)
         if even:
             (count, t), more = self._unit(counts[0])
@@ -210,7 +209,6 @@ class MpiGroup(Group):
                 [(p, mine) for p in range(self.size) if p != me and counts[me]],
                 [(p, flat[at[p]:at[p] + counts[p]]) for p in range(self.size)
                  if p != me and counts[p]])
-        self._free(types)
         return 1
 
     def allreduce(self, send, recv, op):

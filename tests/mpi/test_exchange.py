@@ -162,3 +162,43 @@ def test_reductions_by_parts(monkeypatch):
                        and math.prod(s.local_shape_before) * dtype.itemsize > LIMIT
                        for s in plan.steps)
     assert reduced >= 5, f"only {reduced} cases reduce more than a part"
+
+
+class _Recording:
+    """A communicator that records the send argument of ``Allgather(v)``."""
+
+    def __init__(self, comm):
+        self._comm, self.sends = comm, []
+
+    def Allgather(self, send, recv):
+        self.sends.append(send)
+        return self._comm.Allgather(send, recv)
+
+    def Allgatherv(self, send, recv):
+        self.sends.append(send)
+        return self._comm.Allgatherv(send, recv)
+
+    def __getattr__(self, name):
+        return getattr(self._comm, name)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("even", [True, False])
+def test_allgather_is_in_place_on_every_rank_or_none(even):
+    """MPI wants ``MPI_IN_PLACE`` at all ranks or at none.  Whether a rank's
+    own block is contiguous is its own affair (uneven blocks: one row is
+    contiguous where several are not): here odd ranks pass a strided view,
+    even ranks a contiguous block, and every rank must make the same call."""
+    from mpiredist.runtime.mpi import MpiGroup
+    rec = _Recording(COMM)
+    group = MpiGroup(rec)
+    rows = [3] * SIZE if even else [3 + r % 2 for r in range(SIZE)]
+    whole = np.arange(sum(rows) * 4, dtype=np.int32).reshape(-1, 4)
+    at = np.cumsum([0] + rows)
+    mine = whole[at[RANK]:at[RANK + 1]]
+    own = np.asfortranarray(mine) if RANK % 2 else np.ascontiguousarray(mine)
+    out = np.zeros_like(whole)
+    group.allgather(own, out, [r * 4 * 4 for r in rows])
+    kinds = COMM.allgather([s is MPI.IN_PLACE for s in rec.sends])
+    all_ok(COMM, np.array_equal(out, whole), f"rank {RANK}: wrong gather")
+    all_ok(COMM, len({tuple(k) for k in kinds}) == 1, f"in place per rank: {kinds}")

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(MPIEXEC is None,
 
 
 def _open_mpi():
-    done = subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True)
+    done = subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True, timeout=60)
     return "open mpi" in (done.stdout + done.stderr).lower() or \
         "openrte" in (done.stdout + done.stderr).lower()
 

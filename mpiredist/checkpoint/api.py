@@ -25,7 +25,7 @@ import numpy as np
 from ..arrays.base import device_of
 from ..arrays.distarray import DistArray
 from ..core.backend import dtype_text
-from ..core.blocks import rank_block
+from ..core.blocks import box_shape, box_size, rank_block
 from ..core.errors import CheckpointError, MpiredistError, ShapeError
 from ..core.layout import Layout
 from ..core.subaxes import expand, rank_digits
@@ -170,6 +170,7 @@ def save(path, state, *, workspace_bytes=None):
     def body():
         if early is not None:
             raise early
+        workspace(0, workspace_bytes)       # a bad W raises on every rank, here
         where = os.fspath(path)
         entries = [entry(k, v, rank, size) for k, v in pairs]
         _names(entries, what)
@@ -297,6 +298,7 @@ def load(path, targets, *, workspace_bytes=None):
     def body():
         if early is not None:
             raise early
+        workspace(0, workspace_bytes)       # a bad W raises on every rank, here
         where = os.fspath(path)
         index = read_any(where)
         entries = [entry(k, v, rank, size, target=True) for k, v in pairs]
@@ -309,17 +311,18 @@ def load(path, targets, *, workspace_bytes=None):
         return (index, entries, plans), same
 
     index, entries, plans = collective.agree_on(comm, what, body)
-    mine = 0
-    for e, p in zip(entries, plans):
-        if p is not None and e.kind == "new" and e.held is not None:
-            e.block = np.empty(tuple(b - a for a, b in e.held), dtype=e.dtype)
-        if p is not None and e.block is not None:
-            mine += e.block.nbytes
+    fresh = [p is not None and e.kind == "new" and e.held is not None
+             for e, p in zip(entries, plans)]
+    mine = sum(box_size(e.held) * np.dtype(e.dtype).itemsize if new else
+               (e.block.nbytes if p is not None and e.block is not None else 0)
+               for e, p, new in zip(entries, plans, fresh))
     w = workspace(mine, workspace_bytes)
 
     def read():
         items = []
-        for e, pieces in zip(entries, plans):
+        for e, pieces, new in zip(entries, plans, fresh):
+            if new:     # inside the guard: a failed allocation ends the job, no rank waits
+                e.block = np.empty(box_shape(e.held), dtype=e.dtype)
             if pieces is None or e.block is None or not e.block.size:
                 continue
             view = e.block.reshape(1) if e.block.ndim == 0 else e.block

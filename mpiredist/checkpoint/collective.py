@@ -13,7 +13,7 @@ transport seam (:class:`~mpiredist.runtime.transport.Group`): MPI under
 ``mpiexec``, torch.distributed under torchrun.
 """
 
-from ..core.errors import MpiredistError, ShapeError
+from ..core.errors import CheckpointError, MpiredistError, ShapeError
 from ..runtime import failure
 from ..runtime.agree import agree
 from ..runtime.groups import base_group, world_group
@@ -47,6 +47,10 @@ def agree_on(comm, what, body):
     except (TypeError, AttributeError) as exc:
         rank = comm.rank
         error = ShapeError(f"rank {rank}: {what}: argument of the wrong type: {exc}")
+    except Exception as exc:    # noqa: BLE001 - one rank's file or memory trouble
+        # (OSError, a truncated zip or pickle of a DCP file, MemoryError's kin):
+        # raised on every rank by the agreement, never left to this rank alone
+        error = CheckpointError(f"rank {comm.rank}: {what}: {type(exc).__name__}: {exc}")
     agree(comm, what, error, values)
     return result
 

@@ -200,3 +200,57 @@ def test_full_disk_raises_everywhere_and_keeps_the_earlier_checkpoint():
         if RANK == 0:
             subprocess.run(["umount", where], check=False)
             os.rmdir(where)
+
+
+@pytest.mark.mpi(min_size=1)
+def test_one_rank_trouble_before_data_moves_raises_on_every_rank(where, monkeypatch):
+    """What only one rank meets before anything is written or read (a bad W
+    there, an OSError or a truncated DCP zip there) is raised on every rank by
+    the first agreement: no rank is left waiting in a collective."""
+    import struct
+
+    from mpiredist.checkpoint import api
+    path, W, B = saved(where)
+    last = RANK == P - 1
+    mesh = Mesh({"x": P})
+    state = {"w": mr.DistArray.from_global(W, mesh, "[{x}, {}]")}
+
+    def bad_w():
+        mr.save(os.path.join(where, "w"), state, workspace_bytes=-1 if last else None)
+    ok, text = raises_any(bad_w, "workspace_bytes")
+    all_ok(COMM, ok, text)
+
+    def bad_w_load():
+        mr.load(path, {"w": fresh_target(W.shape)}, workspace_bytes=-1 if last else None)
+    ok, text = raises_any(bad_w_load, "workspace_bytes")
+    all_ok(COMM, ok, text)
+
+    def denied(where):
+        raise PermissionError(13, "Permission denied", where)
+    if last:
+        monkeypatch.setattr(api, "_next_generation", denied)
+    ok, text = raises_everywhere(lambda: mr.save(os.path.join(where, "x"), state),
+                                 "PermissionError")
+    all_ok(COMM, ok, text)
+    monkeypatch.undo()
+
+    def truncated(where):
+        raise struct.error("unpack requires a buffer of 22 bytes")
+    if last:
+        monkeypatch.setattr(api, "read_any", truncated)
+    target = fresh_target(W.shape)
+    ok, text = raises_everywhere(lambda: mr.load(path, {"w": target}), "error")
+    all_ok(COMM, ok and untouched(target), text)
+
+
+def raises_any(run, *words):
+    """Like :func:`raises_everywhere`, for any mpiredist error (a bad argument is
+    a ShapeError, and its twin on the other ranks)."""
+    try:
+        run()
+    except mr.MpiredistError as exc:
+        text = str(exc)
+        return all(w in text for w in words), text
+    except Exception as exc:            # noqa: BLE001 - reported as a failure
+        return False, f"{type(exc).__name__}: {exc}"
+    return False, "nothing raised"

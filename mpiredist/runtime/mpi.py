@@ -38,7 +38,7 @@ import numpy as np
 from ..core.backend import is_gpu, synchronize
 from ..core.blocks import offsets
 from ..planning.planner import mpi_reduces
-from .transport import Group, Strided
+from .transport import Group, Strided, own_into_slot
 
 __all__ = ["mpi", "MpiGroup", "group_of", "world", "free_all", "cuda_aware", "cuda_aware_hint",
            "count_limit", "INT_MAX", "LIMIT_ENV", "AWARE_ENV"]
@@ -192,8 +192,7 @@ class MpiGroup(Group):
             # wants MPI_IN_PLACE at all ranks or none, and whether ``own`` is
             # contiguous is this rank's own (uneven blocks); MPI would copy
             # the send buffer into the slot itself
-            _flat(out)[at[me]:at[me] + counts[me]].view(own.dtype).reshape(
-                own.shape)[...] = own
+            own_into_slot(_flat(out)[at[me]:at[me] + counts[me]], own)
         send = MPI.IN_PLACE
         self._ready(out)
         if even:

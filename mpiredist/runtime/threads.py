@@ -24,7 +24,7 @@ from collections import defaultdict, deque
 
 import numpy as np
 
-from .transport import Group, Strided
+from .transport import Group, Strided, own_into_slot
 
 __all__ = ["ThreadWorld", "ThreadGroup", "Aborted", "run"]
 
@@ -180,7 +180,7 @@ class ThreadGroup(Group):
     def allgather(self, own, out, counts):
         slots = _cut(out, counts)
         if own is not None and slots[self.rank] is not None:
-            slots[self.rank][...] = np.ascontiguousarray(own).reshape(-1).view(np.uint8)
+            own_into_slot(slots[self.rank], own)
         self._exchange([slots[self.rank]] * self.size, slots)
 
     def allreduce(self, send, recv, op):

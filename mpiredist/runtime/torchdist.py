@@ -46,7 +46,7 @@ import warnings
 import numpy as np
 
 from ..core.backend import is_gpu
-from .transport import Group
+from .transport import Group, own_into_slot
 
 __all__ = ["TorchGroup", "world", "as_tensor"]
 
@@ -146,7 +146,7 @@ class TorchGroup(Group):
         me = self.rank
         slot = flat[at[me]:at[me + 1]]
         if own is not None and counts[me]:
-            slot[...] = np.ascontiguousarray(own).reshape(-1).view(np.uint8)
+            own_into_slot(slot, own)        # host or device alike (CuPy under NCCL)
         if self.backend == "nccl" and len(set(counts)) == 1:
             self._all_gather(_bytes(flat), _bytes(slot), group=self.pg)
             return

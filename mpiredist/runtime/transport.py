@@ -69,10 +69,17 @@ run is made from the plan and agreed values, never from a transport's
 answer on one rank alone.
 """
 
-__all__ = ["Group", "Strided", "REDUCE_OPS"]
+__all__ = ["Group", "Strided", "REDUCE_OPS", "own_into_slot"]
 
 # The reductions of partial values, by name (the layout's op).
 REDUCE_OPS = ("sum", "max", "min", "prod")
+
+
+def own_into_slot(slot, own):
+    """Copy ``own`` (this member's part of an all-gather, any strides, host or
+    device) into ``slot``, its flat bytes in the output: the one way every
+    transport places it, whatever the part's contiguity on this rank."""
+    slot.view(own.dtype).reshape(own.shape)[...] = own
 
 
 class Strided:
